@@ -1,0 +1,5 @@
+import sys
+
+from geotrain.cli import main
+
+sys.exit(main())

@@ -1,0 +1,73 @@
+"""The ``geotrain`` command.
+
+Each subcommand lives in its own module ``geotrain.cli.<name>`` exposing
+``register(subparsers)``, which adds its parser and sets ``handler`` to a
+function ``(args) -> int``. Modules import heavy dependencies (torch,
+hivemind) inside their handler so ``geotrain --help`` stays fast.
+
+This package is the only place that reads environment variables and the only
+place that prints for humans; library code logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from geotrain import __version__
+from geotrain.errors import GeotrainError
+
+# Order is the order shown in --help.
+COMMANDS = ("demo", "run", "peer", "dht", "status", "plan", "simulate", "emulate", "keygen")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="geotrain",
+        description="Train one PyTorch model across regions over hivemind's DHT.",
+    )
+    parser.add_argument("--version", action="version", version=f"geotrain {__version__}")
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("GEOTRAIN_LOG_LEVEL", "WARNING"),
+        help="python logging level (env GEOTRAIN_LOG_LEVEL); default WARNING",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"geotrain.cli.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"geotrain.cli.{name}":
+                raise
+            continue  # command not built yet in this checkout
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=str(args.log_level).upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(handler(args) or 0)
+    except GeotrainError as e:
+        print(f"geotrain {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""Every exception geotrain raises on purpose, in one tree.
+
+::
+
+    GeotrainError
+    ├── ConfigError (ValueError)            bad job/scenario/component config; message says the fix
+    │   └── ScenarioError                   scenario file invalid or infeasible
+    ├── InfeasiblePlanError (ValueError)    planner found no assignment; names what is missing
+    ├── CodecError (ValueError)             codec misuse or a corrupted/truncated encoding
+    │   └── NonFiniteError                  NaN/Inf where the policy forbids it
+    ├── TransportError
+    │   ├── ProtocolError (ValueError)      a malformed message from a peer (counted, dropped)
+    │   │   ├── FrameTooLargeError          frame/header beyond a configured limit
+    │   │   ├── BadTensorError              descriptor inconsistent with its buffer
+    │   │   └── StaleMessageError           other job / plan version / round / stage
+    │   ├── PeerTimeoutError (TimeoutError) a send/receive/hop missed its deadline; names peer and step
+    │   └── AuthenticationError             CURVE/ZAP refusal, unknown member
+    ├── SwarmError
+    │   ├── RecordError (ValueError)        a DHT record failed schema, size, depth or signature checks
+    │   ├── BootstrapError                  no initial peer reachable
+    │   └── DHTTimeoutError (TimeoutError)  a DHT get/store missed its deadline
+    ├── PipelineError
+    │   └── StageFailedError                a neighbour stage died or timed out; names peer and step
+    ├── SyncError
+    │   ├── RoundAbortedError               the round lost its quorum; local progress kept
+    │   └── BadContributionError            a member sent NaN/Inf/absurd-norm data; names the sender
+    ├── StateTransferError                  joiner could not get verified state (size/hash mismatch)
+    ├── CheckpointError                     no complete checkpoint, or a corrupt manifest
+    └── EmulationError                      network emulation could not be set up (needs root, ...)
+
+User-input errors derive from ``ValueError`` so callers that only know Python's
+builtins still catch them. ``assert`` is kept for internal invariants.
+"""
+
+from __future__ import annotations
+
+
+class GeotrainError(Exception):
+    """Base of every error geotrain raises on purpose."""
+
+
+# -- configuration and planning ---------------------------------------------------------------
+class ConfigError(GeotrainError, ValueError):
+    """A config value is wrong; the message names the field and the fix."""
+
+
+class ScenarioError(ConfigError):
+    """A scenario file is malformed or describes an impossible swarm."""
+
+
+class InfeasiblePlanError(GeotrainError, ValueError):
+    """The planner found no assignment that satisfies the constraints (memory, connectivity)."""
+
+
+# -- compression --------------------------------------------------------------------------------
+class CodecError(GeotrainError, ValueError):
+    """A codec was misused, or an encoding is corrupted or truncated."""
+
+
+class NonFiniteError(CodecError):
+    """A tensor holds NaN/Inf and the active policy refuses such input."""
+
+
+# -- data plane ---------------------------------------------------------------------------------
+class TransportError(GeotrainError):
+    """Something went wrong on the ZMQ data plane."""
+
+
+class ProtocolError(TransportError, ValueError):
+    """A peer sent a malformed message. It is counted and dropped; the socket keeps serving."""
+
+
+class FrameTooLargeError(ProtocolError):
+    """A header or frame exceeds a configured size limit."""
+
+
+class BadTensorError(ProtocolError):
+    """A tensor descriptor disagrees with its buffer (dtype, shape, byte length)."""
+
+
+class StaleMessageError(ProtocolError):
+    """A message for another job, plan version, round or stage."""
+
+
+class PeerTimeoutError(TransportError, TimeoutError):
+    """A send, receive or pipeline hop missed its deadline."""
+
+    def __init__(self, message: str, *, peer: str | None = None, step: int | None = None) -> None:
+        super().__init__(message)
+        self.peer = peer
+        self.step = step
+
+
+class AuthenticationError(TransportError):
+    """A peer was refused by CURVE/ZAP or is not a member of the swarm."""
+
+
+# -- control plane ------------------------------------------------------------------------------
+class SwarmError(GeotrainError):
+    """Something went wrong on the DHT control plane."""
+
+
+class RecordError(SwarmError, ValueError):
+    """A DHT record failed its schema, size, nesting-depth, lifetime or signature check."""
+
+
+class BootstrapError(SwarmError):
+    """None of the initial peers could be reached."""
+
+
+class DHTTimeoutError(SwarmError, TimeoutError):
+    """A DHT operation missed its deadline."""
+
+
+# -- training -----------------------------------------------------------------------------------
+class PipelineError(GeotrainError):
+    """A pipeline stage could not complete its schedule."""
+
+
+class StageFailedError(PipelineError):
+    """A neighbour stage died or timed out."""
+
+    def __init__(self, message: str, *, peer: str | None = None, step: int | None = None) -> None:
+        super().__init__(message)
+        self.peer = peer
+        self.step = step
+
+
+class SyncError(GeotrainError):
+    """A DiLoCo round could not complete."""
+
+
+class RoundAbortedError(SyncError):
+    """The round lost its quorum and was discarded; local progress is kept for the next round."""
+
+
+class BadContributionError(SyncError, ValueError):
+    """A member's pseudo-gradient was NaN/Inf or of absurd norm; ``sender`` names it."""
+
+    def __init__(self, message: str, *, sender: str | None = None) -> None:
+        super().__init__(message)
+        self.sender = sender
+
+
+class StateTransferError(GeotrainError):
+    """A joiner could not obtain verified stage state (size or hash mismatch, donor gone)."""
+
+
+class CheckpointError(GeotrainError):
+    """No complete checkpoint was found, or a manifest is corrupt."""
+
+
+class EmulationError(GeotrainError):
+    """Multi-region network emulation could not be set up or torn down."""

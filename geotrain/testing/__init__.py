@@ -1,0 +1,5 @@
+"""Seams for tests, public so users can test their own extensions the same way.
+
+- :mod:`geotrain.testing.procs`: launch ``geotrain`` child processes, wait for their
+  JSON ``ready`` line, and reap them (SIGTERM, then SIGKILL) whatever happens.
+"""
