@@ -1,0 +1,89 @@
+"""Link probes over the data plane: round-trip time and bulk bandwidth to another peer.
+
+RTT is the median of small request/response pings. Bandwidth is measured by
+bulk requests that double in size until one takes long enough to be
+meaningful (``min_transfer_s``) or reaches ``max_bytes``; a transfer's time
+minus one RTT is its serialisation time, and the median over ``rounds``
+transfers of that size is reported. On loopback these are real loopback
+numbers; under emulation or tbf shaping they are the emulated link's.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from geotrain.errors import ConfigError
+from geotrain.transport import Message, Transport
+
+PING = "probe.ping"
+BULK = "probe.bulk"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeConfig:
+    pings: int = 7
+    start_bytes: int = 1 << 20
+    max_bytes: int = 8 << 20
+    min_transfer_s: float = 0.05
+    rounds: int = 3
+    timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.pings < 1 or self.rounds < 1:
+            raise ConfigError("probe.pings and probe.rounds must be >= 1")
+        if not 0 < self.start_bytes <= self.max_bytes:
+            raise ConfigError("probe.start_bytes must be > 0 and <= probe.max_bytes")
+
+
+@dataclass(frozen=True)
+class LinkMeasurement:
+    """One direction's measured link: ``bandwidth_bps`` in bytes/s, ``rtt_s`` in seconds."""
+
+    src: str
+    dst: str
+    bandwidth_bps: float
+    rtt_s: float
+    measured_at: float
+    probe_bytes: int
+
+
+def serve_probes(transport: Transport) -> None:
+    """Answer other peers' probes on this transport."""
+    transport.serve(PING, lambda m: Message(kind=PING + ".ok"))
+    transport.serve(BULK, lambda m: Message(kind=BULK + ".ok", meta={"n": m.nbytes}))
+
+
+def measure_link(transport: Transport, peer_id: str, config: ProbeConfig | None = None) -> LinkMeasurement:
+    """Measure RTT and bandwidth from this transport to ``peer_id`` (which runs :func:`serve_probes`)."""
+    cfg = config or ProbeConfig()
+    rtts = []
+    for _ in range(cfg.pings):
+        t0 = time.perf_counter()
+        transport.request(peer_id, Message(kind=PING), timeout=cfg.timeout_s)
+        rtts.append(time.perf_counter() - t0)
+    rtt = statistics.median(rtts)
+
+    def bulk(nbytes: int) -> float:
+        payload = torch.zeros(nbytes, dtype=torch.uint8)
+        t0 = time.perf_counter()
+        transport.request(peer_id, Message(kind=BULK, tensors={"x": payload}), timeout=cfg.timeout_s)
+        return time.perf_counter() - t0
+
+    # Ramp up with single transfers, then measure the chosen size `rounds` times.
+    size = cfg.start_bytes
+    while bulk(size) < cfg.min_transfer_s and size * 2 <= cfg.max_bytes:
+        size *= 2
+    elapsed = statistics.median(bulk(size) for _ in range(cfg.rounds))
+    transfer = max(elapsed - rtt, 1e-6)
+    return LinkMeasurement(
+        src=transport.peer_id,
+        dst=peer_id,
+        bandwidth_bps=size / transfer,
+        rtt_s=rtt,
+        measured_at=time.time(),
+        probe_bytes=size,
+    )

@@ -1,0 +1,641 @@
+"""One peer's data-plane endpoint over ZeroMQ.
+
+Shape: an *inbox* ROUTER socket bound on ``host:port`` (port 0 = any; the real
+address is read back), and one *outbox* DEALER socket per remote peer. A single
+I/O thread owns every socket (ZMQ sockets are not thread-safe); other threads
+talk to it through a command queue plus an inproc wake-up socket.
+
+Receiving: the I/O thread checks each inbound message's header and frame
+lengths (cheap; see :mod:`geotrain.transport.wire`) and files it in a mailbox
+by ``(kind, tag)``. :meth:`Transport.recv` takes the first match and decodes
+its tensors in the *caller's* thread, so codec work overlaps with I/O. A bad
+message is counted by reason, logged once per reason, and dropped; the loop
+keeps serving. Foreign or stale traffic (another job, an older plan version)
+is dropped the same way once :meth:`set_context` is called.
+
+Sending: tensors are encoded in the caller's thread, frames are handed to the
+I/O thread without copies, and :meth:`send` returns when ZMQ took them (or
+raises :class:`~geotrain.errors.PeerTimeoutError`). ZMQ never reports
+delivery; a dead peer shows up as a receive timeout on the protocol above.
+
+Request/response (:meth:`request` / :meth:`serve`): replies travel back on
+the requester's own connection through the ROUTER, so a server never dials
+an address a client chose.
+
+Emulation: an ``emulator`` with ``before_send(dst_region, nbytes) -> seconds``
+holds each message that long before it reaches the socket (one-way delay and
+serialisation at an emulated rate, FIFO per destination). Emulation only.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import heapq
+import itertools
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import zmq
+
+from geotrain.errors import (
+    AuthenticationError,
+    PeerTimeoutError,
+    ProtocolError,
+    StaleMessageError,
+    TransportError,
+)
+from geotrain.transport import message as msgcodec
+from geotrain.transport.config import TransportConfig
+from geotrain.transport.message import CodecChoice, Message
+from geotrain.transport.wire import Header, WireTensor, check_frame_count, split_tensors, unpack_header
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[[Message], "Message | None"]
+
+
+class LinkEmulator(Protocol):
+    def before_send(self, dst_region: str, nbytes: int) -> float: ...
+
+
+@dataclass
+class TransportStats:
+    """Counters since start. ``dropped`` maps a reason (error class name) to a count."""
+
+    sent_bytes: collections.Counter[str] = field(default_factory=collections.Counter)
+    recv_bytes: collections.Counter[str] = field(default_factory=collections.Counter)
+    sent_messages: int = 0
+    recv_messages: int = 0
+    dropped: collections.Counter[str] = field(default_factory=collections.Counter)
+
+
+@dataclass
+class _Outgoing:
+    frames: list[Any]
+    nbytes: int
+    future: concurrent.futures.Future[int]
+    ready_at: float
+    deadline: float
+
+
+@dataclass
+class _Inbound:
+    header: Header
+    tensors: tuple[WireTensor, ...]
+    nbytes: int
+    route: bytes | None  # ROUTER identity to reply through, if it came in on the inbox
+
+
+@dataclass
+class _Remote:
+    address: str
+    region: str
+    socket: zmq.Socket[Any] | None = None
+    pending: collections.deque[_Outgoing] = field(default_factory=collections.deque)
+
+
+class Transport:
+    """The data plane of one peer. See the module docstring for the threading model."""
+
+    def __init__(
+        self,
+        config: TransportConfig,
+        *,
+        peer_id: str,
+        region: str = "",
+        emulator: LinkEmulator | None = None,
+    ) -> None:
+        self.config = config
+        self.peer_id = peer_id
+        self.region = region
+        self._emulator = emulator
+        self._limits = config.limits
+        self._ctx: zmq.Context[Any] = zmq.Context(io_threads=1)
+        self._commands: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._wake_lock = threading.Lock()
+        self._wake_addr = f"inproc://geotrain-wake-{uuid.uuid4().hex}"
+        self._wake_tx: zmq.Socket[Any] | None = None
+        self._remotes: dict[str, _Remote] = {}
+        self._mail: dict[tuple[str, tuple[Any, ...]], collections.deque[_Inbound]] = {}
+        self._mail_order: collections.deque[tuple[str, tuple[Any, ...]]] = collections.deque()
+        self._mail_bytes = 0
+        self._mail_cv = threading.Condition()
+        self._handlers: dict[str, Handler] = {}
+        self._rpc_waiting: set[str] = set()
+        self._job: str | None = None
+        self._min_plan = 0
+        self._stats = TransportStats()
+        self._stats_lock = threading.Lock()
+        self._logged: set[str] = set()
+        self._pool = concurrent.futures.ThreadPoolExecutor(config.handler_threads, thread_name_prefix="gt-handler")
+        self._ready = threading.Event()
+        self._closed = threading.Event()
+        self._address: str | None = None
+        self._start_error: BaseException | None = None
+        self._auth: Any = None
+        self._inbox: zmq.Socket[Any] | None = None  # owned by the I/O thread
+        self._thread = threading.Thread(target=self._loop, name=f"gt-transport-{peer_id[:8]}", daemon=True)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self, timeout: float = 10.0) -> Transport:
+        if self.config.curve is not None:
+            self._start_auth()
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TransportError(f"transport did not start within {timeout}s")
+        if self._start_error is not None:
+            raise TransportError(f"transport could not bind: {self._start_error}") from self._start_error
+        wake = self._ctx.socket(zmq.PAIR)
+        wake.connect(self._wake_addr)
+        self._wake_tx = wake
+        return self
+
+    @property
+    def address(self) -> str:
+        """The bound inbox address, e.g. ``tcp://127.0.0.1:45123``."""
+        if self._address is None:
+            raise TransportError("transport not started")
+        return self._address
+
+    def close(self, timeout: float = 5.0) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        with self._mail_cv:
+            self._mail_cv.notify_all()
+        if self._thread.is_alive():
+            self._command(("stop",))
+            self._thread.join(timeout)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._wake_lock:
+            if self._wake_tx is not None:
+                self._wake_tx.close(linger=0)
+                self._wake_tx = None
+        if self._auth is not None:
+            self._auth.stop()
+        self._ctx.term()
+
+    def __enter__(self) -> Transport:
+        return self.start() if not self._ready.is_set() else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- peers and context ----------------------------------------------------------------------
+    def connect(self, peer_id: str, address: str, *, region: str = "", curve_server_key: bytes | None = None) -> None:
+        """Open (or re-point) the outbox to ``peer_id``. Idempotent for the same address."""
+        if not address.startswith("tcp://"):
+            raise TransportError(f"peer {peer_id} address must be tcp://host:port; got {address!r}")
+        self._command(("connect", peer_id, address, region, curve_server_key))
+
+    def disconnect(self, peer_id: str) -> None:
+        self._command(("disconnect", peer_id))
+
+    def set_context(self, *, job: str | None, plan_version: int = 0) -> None:
+        """Drop inbound job traffic for another job or an older plan version (swarm traffic has job "")."""
+        self._job = job
+        self._min_plan = plan_version
+        with self._mail_cv:
+            for key in list(self._mail):
+                kept = collections.deque(m for m in self._mail[key] if self._fresh(m.header))
+                self._mail_bytes -= sum(m.nbytes for m in self._mail[key]) - sum(m.nbytes for m in kept)
+                self._mail[key] = kept
+
+    def serve(self, kind: str, handler: Handler) -> None:
+        """Answer requests of ``kind``; the handler runs in a worker thread and returns the reply (or None)."""
+        self._handlers[kind] = handler
+
+    # -- sending ----------------------------------------------------------------------------------
+    def send_async(
+        self, peer_id: str, msg: Message, *, codec: CodecChoice = "none", timeout: float | None = None
+    ) -> concurrent.futures.Future[int]:
+        """Encode now, hand the frames to the I/O thread; the future gives the bytes handed to ZMQ."""
+        return self._submit(peer_id, msg, codec=codec, timeout=timeout)[0]
+
+    def _submit(
+        self, peer_id: str, msg: Message, *, codec: CodecChoice, timeout: float | None,
+        rpc: dict[str, Any] | None = None,
+    ) -> tuple[concurrent.futures.Future[int], float]:
+        if self._closed.is_set():
+            raise TransportError("transport closed")
+        frames = msgcodec.encode(msg, sender=self.peer_id, codec=codec, rpc=rpc)
+        nbytes = sum(memoryview(f).nbytes for f in frames)
+        now = time.monotonic()
+        remote = self._remotes.get(peer_id)
+        delay = 0.0
+        if self._emulator is not None and remote is not None:
+            delay = self._emulator.before_send(remote.region, nbytes)
+        fut: concurrent.futures.Future[int] = concurrent.futures.Future()
+        timeout = self.config.send_timeout_s if timeout is None else timeout
+        out = _Outgoing(frames, nbytes, fut, now + delay, now + delay + timeout)
+        self._command(("send", peer_id, out))
+        return fut, delay
+
+    def send(self, peer_id: str, msg: Message, *, codec: CodecChoice = "none", timeout: float | None = None) -> int:
+        timeout = self.config.send_timeout_s if timeout is None else timeout
+        fut, delay = self._submit(peer_id, msg, codec=codec, timeout=timeout)
+        try:
+            # an emulated link's own delay is not the peer's fault: it extends the deadline
+            return fut.result(timeout=timeout + delay)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            raise PeerTimeoutError(
+                f"send of {msg.kind} to {peer_id} not accepted within {timeout}s", peer=peer_id, step=msg.step
+            ) from None
+
+    # -- receiving --------------------------------------------------------------------------------
+    def recv(self, kind: str, tag: tuple[Any, ...] | None = None, *, timeout: float | None = None) -> Message:
+        """The next message of ``kind`` (and ``tag``, if given), decoded; PeerTimeoutError when none comes."""
+        timeout = self.config.recv_timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        while True:
+            item = self._take(kind, tag, deadline)
+            try:
+                msg = msgcodec.decode(item.header, item.tensors)
+            except ProtocolError as e:
+                self._drop(e, item.header.sender)
+                continue
+            return msg
+
+    def request(
+        self, peer_id: str, msg: Message, *, codec: CodecChoice = "none", timeout: float | None = None
+    ) -> Message:
+        """Send ``msg`` to a peer's :meth:`serve` handler and wait for its reply."""
+        timeout = self.config.recv_timeout_s if timeout is None else timeout
+        rid = uuid.uuid4().hex
+        with self._mail_cv:
+            self._rpc_waiting.add(rid)
+        try:
+            self._submit(peer_id, msg, codec=codec, timeout=timeout, rpc={"id": rid, "reply": False})
+            try:
+                return self.recv("__rpc__", (rid,), timeout=timeout)
+            except PeerTimeoutError:
+                raise PeerTimeoutError(
+                    f"no reply to {msg.kind} from {peer_id} within {timeout}s", peer=peer_id, step=msg.step
+                ) from None
+        finally:
+            with self._mail_cv:
+                self._rpc_waiting.discard(rid)
+                self._mail.pop(("__rpc__", (rid,)), None)
+
+    def discard(self, kind: str, predicate: Callable[[tuple[Any, ...]], bool]) -> int:
+        """Drop waiting messages of ``kind`` whose tag matches ``predicate`` (e.g. older steps)."""
+        n = 0
+        with self._mail_cv:
+            for key in [k for k in self._mail if k[0] == kind and predicate(k[1])]:
+                q = self._mail.pop(key)
+                n += len(q)
+                self._mail_bytes -= sum(m.nbytes for m in q)
+        return n
+
+    @property
+    def stats(self) -> TransportStats:
+        with self._stats_lock:
+            return TransportStats(
+                sent_bytes=collections.Counter(self._stats.sent_bytes),
+                recv_bytes=collections.Counter(self._stats.recv_bytes),
+                sent_messages=self._stats.sent_messages,
+                recv_messages=self._stats.recv_messages,
+                dropped=collections.Counter(self._stats.dropped),
+            )
+
+    # -- internals: mailbox -----------------------------------------------------------------------
+    def _fresh(self, h: Header) -> bool:
+        if self._job is None or h.job == "":
+            return True
+        return h.job == self._job and h.plan >= self._min_plan
+
+    def _take(self, kind: str, tag: tuple[Any, ...] | None, deadline: float) -> _Inbound:
+        with self._mail_cv:
+            while True:
+                if self._closed.is_set():
+                    raise TransportError("transport closed")
+                keys = [(kind, tag)] if tag is not None else [k for k in self._mail if k[0] == kind]
+                for key in keys:
+                    q = self._mail.get(key)
+                    if q:
+                        item = q.popleft()
+                        if not q:
+                            del self._mail[key]
+                        self._mail_bytes -= item.nbytes
+                        return item
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise PeerTimeoutError(f"no {kind} message{'' if tag is None else f' {tag}'} in time")
+                self._mail_cv.wait(left)
+
+    def _file(self, item: _Inbound) -> None:
+        h = item.header
+        if h.rpc is not None and h.rpc.get("reply"):
+            key: tuple[str, tuple[Any, ...]] = ("__rpc__", (h.rpc["id"],))
+        else:
+            key = (h.kind, h.tag)
+        with self._mail_cv:
+            if key[0] == "__rpc__" and key[1][0] not in self._rpc_waiting:
+                self._count_drop("UnexpectedReply", h.sender)
+                return
+            self._mail.setdefault(key, collections.deque()).append(item)
+            self._mail_order.append(key)
+            self._mail_bytes += item.nbytes
+            # Unclaimed traffic must not grow without bound: evict the oldest.
+            while self._mail_bytes > self._limits.max_buffered_bytes and self._mail_order:
+                old = self._mail_order.popleft()
+                q = self._mail.get(old)
+                if q:
+                    gone = q.popleft()
+                    self._mail_bytes -= gone.nbytes
+                    if not q:
+                        del self._mail[old]
+                    self._count_drop("MailboxOverflow", gone.header.sender)
+            if len(self._mail_order) > 4 * (len(self._mail) + 64):
+                self._mail_order = collections.deque(k for k in self._mail_order if k in self._mail)
+            self._mail_cv.notify_all()
+
+    def _drop(self, err: Exception, sender: str) -> None:
+        self._count_drop(type(err).__name__, sender, str(err))
+
+    def _count_drop(self, reason: str, sender: str, detail: str = "") -> None:
+        with self._stats_lock:
+            self._stats.dropped[reason] += 1
+        if reason not in self._logged:
+            self._logged.add(reason)
+            logger.warning("dropped a message from %r: %s %s (further ones counted only)", sender, reason, detail)
+
+    # -- internals: the I/O thread ----------------------------------------------------------------
+    def _command(self, cmd: tuple[Any, ...]) -> None:
+        self._commands.put(cmd)
+        with self._wake_lock:
+            if self._wake_tx is not None:
+                try:
+                    self._wake_tx.send(b"", zmq.NOBLOCK)
+                except zmq.Again:
+                    pass  # a wake-up is already pending
+
+    def _start_auth(self) -> None:
+        from zmq.auth.thread import ThreadAuthenticator
+
+        curve = self.config.curve
+        assert curve is not None
+        allowed = set(curve.allowed_clients)
+
+        class _Keys:
+            def callback(self, domain: str, key: bytes) -> bool:
+                ok = key in allowed
+                if not ok:
+                    logger.warning("refused a CURVE client not on the allow-list")
+                return ok
+
+        self._auth = ThreadAuthenticator(self._ctx)
+        self._auth.start()
+        self._auth.configure_curve_callback(domain="*", credentials_provider=_Keys())
+
+    def _open_inbox(self) -> zmq.Socket[Any]:
+        sock = self._ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.MAXMSGSIZE, self._limits.max_frame_bytes)
+        sock.setsockopt(zmq.LINGER, int(self.config.linger_s * 1000))
+        sock.setsockopt(zmq.RCVHWM, 1000)
+        if self.config.curve is not None:
+            sock.curve_secretkey = self.config.curve.secret_key
+            sock.curve_publickey = self.config.curve.public_key
+            sock.curve_server = True
+        sock.bind(f"tcp://{self.config.host}:{self.config.port}")
+        self._address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._inbox = sock
+        return sock
+
+    def _open_outbox(self, remote: _Remote, curve_server_key: bytes | None) -> zmq.Socket[Any]:
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.MAXMSGSIZE, self._limits.max_frame_bytes)
+        sock.setsockopt(zmq.LINGER, int(self.config.linger_s * 1000))
+        sock.setsockopt(zmq.SNDHWM, self.config.sndhwm)
+        if self.config.curve is not None:
+            if curve_server_key is None:
+                raise AuthenticationError("this swarm uses CURVE: connect() needs the peer's curve_server_key")
+            sock.curve_secretkey = self.config.curve.secret_key
+            sock.curve_publickey = self.config.curve.public_key
+            sock.curve_serverkey = curve_server_key
+        sock.connect(remote.address)
+        return sock
+
+    def _loop(self) -> None:
+        try:
+            inbox = self._open_inbox()
+            wake = self._ctx.socket(zmq.PAIR)
+            wake.bind(self._wake_addr)
+        except zmq.ZMQError as e:
+            self._start_error = e
+            self._ready.set()
+            return
+        self._ready.set()
+        poller = zmq.Poller()
+        poller.register(inbox, zmq.POLLIN)
+        poller.register(wake, zmq.POLLIN)
+        by_socket: dict[zmq.Socket[Any], str] = {}
+        timers: list[tuple[float, int, str]] = []  # (ready_at, seq, peer) for held (emulated) sends
+        seq = itertools.count()
+        running = True
+        try:
+            while running:
+                now = time.monotonic()
+                timeout_ms = 1000.0
+                if timers:
+                    timeout_ms = max(0.0, (timers[0][0] - now) * 1000)
+                for sock, flags in poller.poll(timeout_ms):
+                    if sock is wake:
+                        while wake.poll(0):
+                            wake.recv()
+                        running = self._run_commands(poller, by_socket, timers, seq)
+                    elif sock is inbox:
+                        self._receive(sock, routed=True)
+                    else:
+                        if flags & zmq.POLLIN:
+                            self._receive(sock, routed=False)
+                        if flags & zmq.POLLOUT:
+                            self._flush(by_socket[sock], poller, timers, seq)
+                while timers and timers[0][0] <= time.monotonic():
+                    _, _, peer = heapq.heappop(timers)
+                    self._flush(peer, poller, timers, seq)
+        finally:
+            for remote in self._remotes.values():
+                for out in remote.pending:
+                    _fail(out.future, TransportError("transport closed"))
+                if remote.socket is not None:
+                    remote.socket.close()
+            inbox.close()
+            wake.close()
+
+    def _run_commands(self, poller: zmq.Poller, by_socket: dict[Any, str], timers: list[Any], seq: Any) -> bool:
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+            op = cmd[0]
+            if op == "stop":
+                return False
+            if op == "connect":
+                _, peer, address, region, server_key = cmd
+                remote = self._remotes.get(peer)
+                if remote is not None and remote.address == address and remote.socket is not None:
+                    remote.region = region or remote.region
+                    continue
+                if remote is not None and remote.socket is not None:
+                    poller.unregister(remote.socket)
+                    by_socket.pop(remote.socket, None)
+                    remote.socket.close(linger=0)
+                pending = remote.pending if remote is not None else collections.deque()
+                remote = _Remote(address=address, region=region, pending=pending)
+                try:
+                    remote.socket = self._open_outbox(remote, server_key)
+                except (zmq.ZMQError, AuthenticationError) as e:
+                    logger.warning("cannot connect to %s at %s: %s", peer, address, e)
+                    self._remotes[peer] = remote
+                    continue
+                self._remotes[peer] = remote
+                by_socket[remote.socket] = peer
+                poller.register(remote.socket, zmq.POLLIN)
+                self._flush(peer, poller, timers, seq)
+            elif op == "disconnect":
+                remote = self._remotes.pop(cmd[1], None)
+                if remote is not None and remote.socket is not None:
+                    poller.unregister(remote.socket)
+                    by_socket.pop(remote.socket, None)
+                    remote.socket.close(linger=0)
+                    for out in remote.pending:
+                        _fail(out.future, TransportError(f"disconnected from {cmd[1]}"))
+            elif op == "send":
+                _, peer, out = cmd
+                remote = self._remotes.get(peer)
+                if remote is None:
+                    _fail(out.future, TransportError(f"unknown peer {peer}: connect() it first"))
+                    continue
+                remote.pending.append(out)
+                self._flush(peer, poller, timers, seq)
+            elif op == "reply":
+                _, route, frames, to = cmd
+                self._reply(route, frames, to)
+
+    def _flush(self, peer: str, poller: zmq.Poller, timers: list[Any], seq: Any) -> None:
+        """Send what is due for ``peer``, in order; hold the rest (emulated delay or a full queue)."""
+        remote = self._remotes.get(peer)
+        if remote is None or remote.socket is None:
+            return
+        now = time.monotonic()
+        while remote.pending:
+            out = remote.pending[0]
+            if out.future.cancelled():
+                remote.pending.popleft()
+                continue
+            if now > out.deadline:
+                remote.pending.popleft()
+                _fail(out.future, PeerTimeoutError(f"send to {peer} timed out", peer=peer))
+                continue
+            if out.ready_at > now:
+                heapq.heappush(timers, (out.ready_at, next(seq), peer))
+                break
+            try:
+                remote.socket.send_multipart(out.frames, flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                poller.modify(remote.socket, zmq.POLLIN | zmq.POLLOUT)
+                heapq.heappush(timers, (min(out.deadline, now + 0.05), next(seq), peer))
+                return
+            remote.pending.popleft()
+            with self._stats_lock:
+                self._stats.sent_bytes[peer] += out.nbytes
+                self._stats.sent_messages += 1
+            _done(out.future, out.nbytes)
+        poller.modify(remote.socket, zmq.POLLIN)
+
+    def _reply(self, route: bytes, frames: list[Any], to: str) -> None:
+        # A request came in on the inbox: answer on the same connection.
+        assert self._inbox is not None
+        try:
+            self._inbox.send_multipart([route, *frames], flags=zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError as e:
+            logger.debug("reply to %s failed: %s", to, e)
+            return
+        nbytes = sum(memoryview(f).nbytes for f in frames)
+        with self._stats_lock:
+            self._stats.sent_bytes[to] += nbytes
+            self._stats.sent_messages += 1
+
+
+    def _receive(self, sock: zmq.Socket[Any], *, routed: bool) -> None:
+        # Drain what is ready without starving the other sockets.
+        for _ in range(64):
+            try:
+                frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            route: bytes | None = None
+            if routed:
+                route = frames[0].bytes
+                frames = frames[1:]
+            self._accept(frames, route)
+
+    def _accept(self, frames: list[zmq.Frame], route: bytes | None) -> None:
+        sender = "?"
+        try:
+            check_frame_count(len(frames), self._limits)
+            header = unpack_header(frames[0].buffer, self._limits)
+            sender = header.sender
+            tensors = split_tensors(header, [f.buffer for f in frames[1:]], self._limits)
+            if not self._fresh(header):
+                raise StaleMessageError(f"message for job {header.job!r} plan {header.plan}")
+        except ProtocolError as e:
+            self._drop(e, sender)
+            return
+        nbytes = sum(t.nbytes for t in tensors) + frames[0].buffer.nbytes
+        with self._stats_lock:
+            self._stats.recv_bytes[sender] += nbytes
+            self._stats.recv_messages += 1
+        item = _Inbound(header, tensors, nbytes, route)
+        if header.rpc is not None and not header.rpc.get("reply"):
+            handler = self._handlers.get(header.kind)
+            if handler is None or route is None:
+                self._count_drop("NoHandler", sender, header.kind)
+                return
+            self._pool.submit(self._handle, handler, item)
+            return
+        self._file(item)
+
+    def _handle(self, handler: Handler, item: _Inbound) -> None:
+        try:
+            request = msgcodec.decode(item.header, item.tensors)
+        except ProtocolError as e:
+            self._drop(e, item.header.sender)
+            return
+        try:
+            reply = handler(request)
+        except ProtocolError as e:
+            self._drop(e, item.header.sender)
+            return
+        except Exception:  # a handler bug must not take the endpoint down
+            logger.exception("handler for %s failed", item.header.kind)
+            return
+        if reply is None or item.route is None:
+            return
+        assert item.header.rpc is not None
+        frames = msgcodec.encode(reply, sender=self.peer_id, rpc={"id": item.header.rpc["id"], "reply": True})
+        self._command(("reply", item.route, frames, item.header.sender))
+
+
+def _done(fut: concurrent.futures.Future[int], value: int) -> None:
+    try:
+        fut.set_result(value)
+    except concurrent.futures.InvalidStateError:
+        pass  # the caller gave up (cancelled) just before
+
+
+def _fail(fut: concurrent.futures.Future[int], err: Exception) -> None:
+    try:
+        fut.set_exception(err)
+    except concurrent.futures.InvalidStateError:
+        pass

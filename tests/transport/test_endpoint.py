@@ -1,0 +1,102 @@
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from geotrain.errors import PeerTimeoutError, TransportError
+from geotrain.peers.probe import ProbeConfig, measure_link, serve_probes
+from geotrain.transport import Message, Transport, TransportConfig
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[Transport, Transport]]:
+    a = Transport(TransportConfig(), peer_id="a").start()
+    b = Transport(TransportConfig(), peer_id="b").start()
+    a.connect("b", b.address)
+    b.connect("a", a.address)
+    try:
+        yield a, b
+    finally:
+        a.close()
+        b.close()
+
+
+def test_binds_port_zero_and_reports_real_address(pair: tuple[Transport, Transport]) -> None:
+    a, b = pair
+    assert a.address.startswith("tcp://127.0.0.1:")
+    assert not a.address.endswith(":0") and a.address != b.address
+
+
+def test_tensors_round_trip_with_codecs_and_raw_ints(pair: tuple[Transport, Transport]) -> None:
+    a, b = pair
+    x = torch.randn(3, 7)
+    ids = torch.randint(0, 256, (2, 9))
+    sent = a.send("b", Message(kind="act", tag=(0, 4, 1), job="j", step=4, tensors={"x": x, "ids": ids}), codec="fp16")
+    msg = b.recv("act", (0, 4, 1), timeout=10)
+    assert msg.sender == "a" and msg.step == 4 and msg.job == "j"
+    assert msg.tensors["x"].dtype == torch.float32 and msg.tensors["x"].shape == (3, 7)
+    assert torch.allclose(msg.tensors["x"], x, atol=1e-2, rtol=1e-3)
+    assert torch.equal(msg.tensors["ids"], ids)
+    assert sent >= x.numel() * 2 + ids.numel() * 8
+
+
+def test_tags_match_out_of_order(pair: tuple[Transport, Transport]) -> None:
+    a, b = pair
+    for mb in range(3):
+        a.send("b", Message(kind="act", tag=(mb,), tensors={"x": torch.full((2,), float(mb))}))
+    for mb in (2, 0, 1):
+        assert b.recv("act", (mb,), timeout=10).tensors["x"][0].item() == mb
+
+
+def test_recv_times_out_with_typed_error(pair: tuple[Transport, Transport]) -> None:
+    _, b = pair
+    t0 = time.monotonic()
+    with pytest.raises(PeerTimeoutError):
+        b.recv("act", (99,), timeout=0.3)
+    assert time.monotonic() - t0 < 5
+
+
+def test_request_reply_and_probe(pair: tuple[Transport, Transport]) -> None:
+    a, b = pair
+    b.serve("echo", lambda m: Message(kind="echo.ok", meta={"n": m.meta["n"] + 1}, tensors=m.tensors))
+    reply = a.request("b", Message(kind="echo", meta={"n": 41}, tensors={"x": torch.ones(5)}), timeout=10)
+    assert reply.meta["n"] == 42 and torch.equal(reply.tensors["x"], torch.ones(5))
+    serve_probes(b)
+    link = measure_link(a, "b", ProbeConfig(pings=3, start_bytes=1 << 16, max_bytes=1 << 20, rounds=2))
+    assert link.bandwidth_bps > 1e6 and 0 < link.rtt_s < 1.0
+
+
+def test_stale_and_foreign_messages_are_dropped(pair: tuple[Transport, Transport]) -> None:
+    a, b = pair
+    b.set_context(job="job1", plan_version=3)
+    a.send("b", Message(kind="act", job="other", plan_version=3))
+    a.send("b", Message(kind="act", job="job1", plan_version=2))
+    a.send("b", Message(kind="act", job="job1", plan_version=3, step=7))
+    assert b.recv("act", timeout=10).step == 7
+    assert b.stats.dropped["StaleMessageError"] == 2
+
+
+def test_recv_unblocks_on_close() -> None:
+    t = Transport(TransportConfig(), peer_id="c").start()
+    errors: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            t.recv("never", timeout=30)
+        except TransportError as e:
+            errors.append(e)
+
+    th = threading.Thread(target=wait)
+    th.start()
+    t.close()
+    th.join(10)
+    assert not th.is_alive() and errors
+
+
+def test_send_to_unknown_peer_is_a_clear_error() -> None:
+    with Transport(TransportConfig(), peer_id="d") as t, pytest.raises(TransportError, match="connect"):
+        t.send("nobody", Message(kind="x"), timeout=2)
