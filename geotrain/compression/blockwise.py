@@ -1,0 +1,113 @@
+"""Shared machinery of the blockwise quantizers (``int8``, ``int4``).
+
+A **block** is a run of ``block`` consecutive elements of the flattened tensor
+that shares one **scale** (its absolute maximum over the largest code). The
+last block may be shorter (the **tail**); nothing is padded on the wire.
+
+Speed: a pass that writes a fresh tensor as large as the input costs more on
+CPU than the arithmetic (page faults on first touch), so quantizing and
+dequantizing walk the (nblocks, block) view in chunks of about 1 MiB through
+one small scratch tensor that stays in cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from geotrain.compression.base import raise_nonfinite
+from geotrain.errors import CodecError
+
+#: Elements per chunk of the quantize/dequantize loops (1 MiB of fp32: fits in L2).
+CHUNK_ELEMS = 1 << 18
+
+#: Scale dtypes by config name and by wire name.
+SCALE_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+SCALE_WIRE: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_WIRE_NAME = {v: k for k, v in SCALE_WIRE.items()}
+
+# Scales below this are treated as an all-zero block: 1/scale must stay finite in fp32.
+_TINY = 2.0**-126
+# fp16 keeps relative precision only on its normal range; outside it "fp16" falls back to fp32.
+_FP16_MIN_NORMAL = 2.0**-14
+_FP16_MAX = 65504.0
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How ``numel`` elements split into blocks: ``nfull`` full blocks then a ``tail``."""
+
+    numel: int
+    block: int
+
+    @property
+    def nfull(self) -> int:
+        return self.numel // self.block
+
+    @property
+    def tail(self) -> int:
+        return self.numel - self.nfull * self.block
+
+    @property
+    def nblocks(self) -> int:
+        return self.nfull + (1 if self.tail else 0)
+
+
+def row_chunks(nrows: int, block: int) -> Iterator[tuple[int, int]]:
+    """(start, stop) row ranges of about CHUNK_ELEMS elements each."""
+    rows = max(1, CHUNK_ELEMS // block)
+    for r0 in range(0, nrows, rows):
+        yield r0, min(nrows, r0 + rows)
+
+
+def absmax(flat: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """Per-block max |x| as fp32, shape (nblocks,); NaN in a block gives NaN."""
+    parts = []
+    if layout.nfull:
+        main = flat[: layout.nfull * layout.block].view(layout.nfull, layout.block)  # (nfull, block)
+        # amax and amin are vectorised reductions that read the input without writing a
+        # full-size |x| temporary; together they are ~10x faster than x.abs().amax(1) here
+        parts.append(torch.maximum(main.amax(dim=1), main.amin(dim=1).neg()).float())
+    if layout.tail:
+        parts.append(flat[layout.nfull * layout.block :].abs().amax().float().reshape(1))
+    if not parts:
+        return torch.empty(0, dtype=torch.float32)
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def make_scales(amax: torch.Tensor, qmax: float, scale: str, *, codec: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scales to send and their exact fp32 values, from per-block absmax.
+
+    Quantizing with the *rounded* scale keeps encoder and decoder in agreement,
+    so a coarse scale dtype (bf16) costs only a slightly larger step.
+    """
+    if amax.numel() and not bool(torch.isfinite(amax).all()):
+        raise_nonfinite(codec)
+    s = amax / qmax  # (nblocks,)
+    s = torch.where(s < _TINY, torch.zeros_like(s), s)
+    wire = SCALE_DTYPES[scale]
+    if wire is torch.float16 and s.numel():
+        nonzero_min = torch.where(s > 0, s, torch.full_like(s, 1.0)).amin()
+        if float(s.amax()) > _FP16_MAX or float(nonzero_min) < _FP16_MIN_NORMAL:
+            wire = torch.float32
+    sent = s.to(wire)
+    return sent, sent.float()
+
+
+def inverse(scales: torch.Tensor) -> torch.Tensor:
+    """1/scale, with 0 for all-zero blocks (their codes become 0)."""
+    return torch.where(scales > 0, scales.reciprocal(), torch.zeros_like(scales))
+
+
+def scale_wire_name(sent: torch.Tensor) -> str:
+    return _WIRE_NAME[sent.dtype]
+
+
+def read_scales(buf: torch.Tensor, *, codec: str) -> torch.Tensor:
+    """Validate decoded scales (finite, >= 0) and return them as fp32."""
+    s = buf.float()
+    if s.numel() and not bool((torch.isfinite(s) & (s >= 0)).all()):
+        raise CodecError(f"{codec}: scales must be finite and non-negative; the encoding is corrupted")
+    return s
