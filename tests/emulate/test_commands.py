@@ -48,7 +48,7 @@ def test_each_directed_pair_gets_its_scaled_rate_on_the_senders_egress() -> None
 def test_every_command_stays_inside_our_namespaces_and_subnet() -> None:
     cfg = EmulationConfig(topology=TOPO, tag="t1", subnet_prefix="10.77")
     ours = {cfg.router_ns, *(cfg.namespace(r) for r in TOPO.regions)}
-    inside = ipaddress.ip_network("10.77.0.0/16")
+    inside = ipaddress.IPv4Network("10.77.0.0/16")
     for argv in setup_commands(cfg):
         if argv[:3] == ["ip", "netns", "add"]:
             assert argv[3] in ours
@@ -58,7 +58,7 @@ def test_every_command_stays_inside_our_namespaces_and_subnet() -> None:
         assert ns in ours, argv
         for word in argv:
             try:
-                net = ipaddress.ip_network(word, strict=False)
+                net = ipaddress.IPv4Network(word, strict=False)
             except ValueError:
                 continue
             if "." in word:

@@ -12,13 +12,13 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
 
 from geotrain.emulate import Emulation, EmulationConfig, cleanup, status, topology_from_dict
 from geotrain.emulate.netns import list_namespaces
+from geotrain.emulate.probe import tcp_goodput
 from geotrain.errors import EmulationError
 
 pytestmark = [
@@ -51,41 +51,8 @@ def emulation(request: pytest.FixtureRequest) -> Iterator[Emulation]:
         em.teardown()
 
 
-def bulk(em: Emulation, src: str, dst: str, nbytes: int, timeout: float = 20.0) -> float:
-    """Send ``nbytes`` over TCP from region ``src`` to region ``dst``; goodput in bytes/s at the receiver."""
-    srv = em.socket(dst)
-    srv.settimeout(timeout)
-    srv.bind((em.address(dst), 0))
-    srv.listen(1)
-    result: dict[str, float] = {}
-    done = threading.Event()
-
-    def receive() -> None:
-        conn, _ = srv.accept()
-        conn.settimeout(timeout)
-        got, first = 0, 0.0
-        while chunk := conn.recv(1 << 16):
-            if not got:
-                first = time.monotonic()  # clock from the first byte: connection setup is not bandwidth
-            got += len(chunk)
-        result["rate"] = got / (time.monotonic() - first)
-        result["bytes"] = got
-        conn.close()
-        done.set()
-
-    t = threading.Thread(target=receive, daemon=True)
-    t.start()
-    cli = em.socket(src)
-    cli.settimeout(timeout)
-    cli.connect(srv.getsockname())
-    payload = b"\x5a" * (1 << 16)
-    for _ in range(nbytes // len(payload)):
-        cli.sendall(payload)
-    cli.close()
-    assert done.wait(timeout), "receiver did not finish"
-    srv.close()
-    assert result["bytes"] == nbytes // len(payload) * len(payload)
-    return result["rate"]
+def bulk(em: Emulation, src: str, dst: str, nbytes: int) -> float:
+    return tcp_goodput(em, src, dst, nbytes, timeout=20.0)
 
 
 def test_tcp_bulk_between_regions_runs_at_the_shaped_rate(emulation: Emulation) -> None:
