@@ -9,7 +9,13 @@
 from geotrain.emulate.commands import EmulationConfig
 from geotrain.emulate.links import LinkEmulator, LinkEmulatorConfig, LinkPath, SendEmulator
 from geotrain.emulate.netns import Emulation, check_privileges, cleanup, status
-from geotrain.emulate.topology import RegionLink, Topology, load_topology, topology_from_dict
+from geotrain.emulate.topology import (
+    RegionLink,
+    Topology,
+    load_topology,
+    topology_from_dict,
+    topology_from_scenario,
+)
 
 __all__ = [
     "Emulation",
@@ -25,4 +31,5 @@ __all__ = [
     "load_topology",
     "status",
     "topology_from_dict",
+    "topology_from_scenario",
 ]

@@ -138,3 +138,15 @@ def load_topology(path: str | Path) -> Topology:
     except json.JSONDecodeError as e:
         raise ScenarioError(f"scenario file {p} is not valid JSON: {e}") from None
     return topology_from_dict(data)
+
+
+def topology_from_scenario(scenario: Any) -> Topology:
+    """The emulation view of a parsed planner scenario (``geotrain.planner.scenario.Scenario``).
+
+    Duck-typed (``.regions`` names, ``.links`` with ``a``, ``b``, ``bandwidth_gbps``,
+    ``rtt_ms``) so emulation does not import the planner.
+    """
+    links = [
+        {"a": ln.a, "b": ln.b, "bandwidth_gbps": ln.bandwidth_gbps, "rtt_ms": ln.rtt_ms} for ln in scenario.links
+    ]
+    return topology_from_dict({"regions": list(scenario.regions), "links": links})

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from geotrain.emulate import load_topology, topology_from_dict
+from geotrain.emulate import load_topology, topology_from_dict, topology_from_scenario
 from geotrain.errors import ScenarioError
 
-SCENARIO = {
+SCENARIO: dict[str, Any] = {
     "regions": {"us-east": {"egress_usd_per_gb": 0.02}, "eu-west": {}, "ap-south": {}},
     "links": [
         {"a": "us-east", "b": "eu-west", "bandwidth_gbps": 1.16, "rtt_ms": 76},
@@ -65,3 +66,20 @@ def test_unreadable_files_are_scenario_errors(tmp_path: Path) -> None:
     bad.write_text("{not json")
     with pytest.raises(ScenarioError, match="not valid JSON"):
         load_topology(bad)
+
+
+def test_same_view_from_the_planners_parsed_scenario() -> None:
+    scenario_mod = pytest.importorskip("geotrain.planner.scenario")
+    full = {
+        "regions": SCENARIO["regions"],
+        "links": [*SCENARIO["links"][:2], {"a": "p0", "b": "p1", "bandwidth_gbps": 0.1, "rtt_ms": 90}],
+        "peers": [
+            {"id": "p0", "region": "us-east", "tflops": 10, "memory_gb": 16},
+            {"id": "p1", "region": "eu-west", "tflops": 10, "memory_gb": 16},
+        ],
+        "model": {"layers": 4, "hidden": 64, "seq_len": 32, "vocab": 100, "dtype_bytes": 2},
+    }
+    # the same file feeds the planner and the emulator; both must see the same regions and region links
+    parsed = scenario_mod.Scenario.from_dict(full)
+    assert topology_from_scenario(parsed) == topology_from_dict(full)
+    assert topology_from_dict(full).link("us-east", "eu-west") is not None
