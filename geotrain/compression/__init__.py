@@ -7,7 +7,9 @@ No networking here: codecs map tensors to ``Encoded`` (meta dict + raw buffers) 
 from __future__ import annotations
 
 from geotrain.compression import cast as _cast  # noqa: F401  (registers none/fp16/bf16)
+from geotrain.compression import int4 as _int4  # noqa: F401
 from geotrain.compression import int8 as _int8  # noqa: F401
+from geotrain.compression import topk as _topk  # noqa: F401
 from geotrain.compression.base import (
     Codec,
     Encoded,

@@ -12,8 +12,9 @@ one small scratch tensor that stays in cache.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -111,3 +112,15 @@ def read_scales(buf: torch.Tensor, *, codec: str) -> torch.Tensor:
     if s.numel() and not bool((torch.isfinite(s) & (s >= 0)).all()):
         raise CodecError(f"{codec}: scales must be finite and non-negative; the encoding is corrupted")
     return s
+
+
+def scale_dtype_of(meta: Mapping[str, Any], configured: str, *, codec: str) -> torch.dtype:
+    """The scale dtype an encoding declares; "fp16" encodings may fall back to fp32."""
+    wire = meta.get("scale")
+    allowed = {SCALE_DTYPES[configured]}
+    if configured == "fp16":
+        allowed.add(torch.float32)
+    dtype = SCALE_WIRE.get(wire) if isinstance(wire, str) else None
+    if dtype is None or dtype not in allowed:
+        raise CodecError(f"{codec}: meta['scale'] {wire!r} does not match the codec's scale {configured!r}")
+    return dtype

@@ -28,7 +28,7 @@ from geotrain.compression.base import (
     register_codec,
     view_buffer,
 )
-from geotrain.errors import CodecError, ConfigError
+from geotrain.errors import ConfigError
 
 __all__ = ["Int8Codec", "Int8Config"]
 
@@ -93,7 +93,7 @@ class Int8Codec(Codec):
     def decode(self, meta: Mapping[str, Any], buffers: Sequence[Buffer]) -> torch.Tensor:
         shape, dtype, numel = read_header(meta, codec=self.name, nbuffers=2, buffers=buffers)
         b = meta_int(meta, "block", codec=self.name, lo=self.config.block, hi=self.config.block)
-        scale_dtype = _scale_dtype(meta, self.config.scale, codec=self.name)
+        scale_dtype = bw.scale_dtype_of(meta, self.config.scale, codec=self.name)
         layout = bw.Layout(numel, b)
         codes = view_buffer(buffers[0], torch.int8, numel, codec=self.name, what="codes")
         scales = bw.read_scales(
@@ -123,18 +123,6 @@ class Int8Codec(Codec):
         scale_bytes = torch.empty((), dtype=bw.SCALE_DTYPES[self.config.scale]).element_size()
         in_bytes = numel * torch.empty((), dtype=dtype).element_size()
         return in_bytes / (numel + layout.nblocks * scale_bytes)
-
-
-def _scale_dtype(meta: Mapping[str, Any], configured: str, *, codec: str) -> torch.dtype:
-    """The scale dtype an encoding declares; "fp16" encodings may fall back to fp32."""
-    wire = meta.get("scale")
-    allowed = {bw.SCALE_DTYPES[configured]}
-    if configured == "fp16":
-        allowed.add(torch.float32)
-    dtype = bw.SCALE_WIRE.get(wire) if isinstance(wire, str) else None
-    if dtype is None or dtype not in allowed:
-        raise CodecError(f"{codec}: meta['scale'] {wire!r} does not match the codec's scale {configured!r}")
-    return dtype
 
 
 def _make(*, block: int = 256, scale: str = "bf16") -> Int8Codec:
