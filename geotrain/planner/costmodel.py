@@ -1,0 +1,341 @@
+r"""The cost model: predicted speed and price of a plan on a scenario.
+
+Notation. A plan has pipelines :math:`p = 1..P`; pipeline :math:`p` has stages
+:math:`s = 0..S_p-1`, stage :math:`s` run by peer :math:`q_{p,s}` on layers
+:math:`[a_s, b_s)`. For layer :math:`l` the profile gives training FLOPs per
+token :math:`f_l`, parameter bytes :math:`w_l` and output activation bytes per
+token :math:`x_l`. A microbatch holds :math:`m` = micro_batch x seq_len tokens;
+an inner step runs :math:`M` microbatches; a round is :math:`H` inner steps.
+Peer :math:`q` computes at :math:`\phi_q` FLOP/s; the link between peers
+:math:`q, r` has bandwidth :math:`\beta_{qr}` bytes/s and round-trip time
+:math:`\rho_{qr}`. The activation codec shrinks activations by
+:math:`\kappa_a` (from ``codecs.compression_ratio``); the sync codec sends
+:math:`e` bytes per fp32 pseudo-gradient element.
+
+**Stage compute** per microbatch (forward + backward)
+
+.. math:: C_{p,s} = m \sum_{l=a_s}^{b_s-1} f_l / \phi_{q_{p,s}}
+
+**Hop** :math:`s \to s+1`: activations go forward, their gradients (same size)
+come back, each :math:`A_{p,s} = m\,x_{b_s-1}/\kappa_a` bytes, so the link is
+busy :math:`D_{p,s} = 2A_{p,s}/\beta` per microbatch (the conservative
+shared-link bound of FACTS.md; send threads overlap it with compute).
+
+**1F1B inner step** of pipeline :math:`p`: the first microbatch crosses every
+stage and hop forward and back (fill + drain), each later one leaves one
+bottleneck period behind the previous:
+
+.. math::
+   B_p = \max\big(\max_s C_{p,s},\ \max_s D_{p,s}\big), \qquad
+   T_p = \sum_s C_{p,s} + \sum_s (D_{p,s} + \rho_{p,s}) + (M-1)\,B_p
+
+All pipelines take part in every round, so the round waits for the slowest:
+:math:`T = \max_p T_p`.
+
+**Round**. A *stage group* is the set of peers that hold the same layers in
+every pipeline (one per pipeline). Its pseudo-gradient has
+:math:`N_g = \sum w_l / d` elements and travels as :math:`Z_g = e N_g` bytes.
+The all-reduce is hierarchical: a reduce-scatter inside each region, an
+all-reduce between one leader per region, an all-gather inside each region.
+A butterfly all-reduce of :math:`Z` bytes among :math:`n` members where member
+:math:`i` sends a :math:`Z/n` share to each other member, once to reduce and
+once to gather, over links used one after another, takes
+
+.. math:: R(Z, G) = 2 \max_{i\in G} \sum_{j \in G, j \ne i} \frac{Z}{n\,\beta_{ij}} + 2\max_{i,j\in G} \rho_{ij}
+
+(:math:`2\frac{n-1}{n} Z/\beta` on uniform links, the ring's bandwidth term).
+So :math:`Y_g = \max_r R(Z_g, G_g \cap r) + R(Z_g, \mathrm{leaders}(G_g))`
+and the round's sync takes :math:`Y = \max_g Y_g` (groups run at once).
+When the sync engine overlaps (``job.overlap_sync``) the round hides behind
+the next :math:`H` inner steps and only :math:`\max(0, Y - H T)` shows;
+otherwise all of :math:`Y` does. The effective inner step is
+
+.. math:: T_{\mathrm{eff}} = T + \mathrm{exposed}(Y) / H, \qquad
+          \text{tokens/s} = P\,M\,m / T_{\mathrm{eff}}
+
+**Memory** (hard constraint) of a stage with :math:`N` parameters at dtype
+:math:`d` bytes: weights and gradients :math:`2dN`, AdamW moments (fp32)
+:math:`8N`, DiLoCo's anchor copy and outer momentum (fp32) :math:`8N`; plus
+activations saved for backward for the microbatches in flight, which in 1F1B
+is :math:`\min(M, S-s)` at stage :math:`s`, each
+:math:`m \sum_l 17\,x_{l-1}` bytes (17 values per hidden unit per token: the
+Korthikanti et al. count for a block without recomputation). This undercounts
+the head's logits; keep headroom.
+
+**Money**. USD/hour = the prices of the peers in the plan (spares are not
+billed: they are released or kept by their owners) + egress: bytes per step
+sent from region :math:`r` to another region, at :math:`r`'s price per GB
+(or the link's), times steps per hour. USD per 1M tokens = USD/hour /
+(tokens/s x 3600) x 1e6.
+
+**Utilisation** of a peer: the busy fraction of its compute,
+:math:`M C_{p,s} / T_{\mathrm{eff}}`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from geotrain.errors import InfeasiblePlanError
+from geotrain.planner.codecs import compression_ratio, encoded_bytes_per_element
+from geotrain.planner.scenario import Scenario
+
+ACTIVATION_SAVE_FACTOR = 17.0
+OPTIMIZER_STATE_BYTES_PER_PARAM = 16.0  # AdamW m, v (fp32) + DiLoCo anchor + outer momentum (fp32)
+
+
+@dataclass(frozen=True)
+class StageAssignment:
+    """One stage of one pipeline: the peer that runs it and its layers ``[start, end)``."""
+
+    peer: str
+    layers: tuple[int, int]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prediction:
+    """What the cost model predicts for a plan (see the module docstring)."""
+
+    tokens_per_s: float
+    usd_per_hour: float
+    usd_per_mtok: float
+    step_s: float  # effective seconds per inner step, exposed sync included
+    cross_region_bytes_per_step: float
+    bytes_per_region_pair: dict[tuple[str, str], float] = field(default_factory=dict)  # sender, receiver
+    utilisation: dict[str, float] = field(default_factory=dict)
+    pipeline_step_s: float = 0.0  # 1F1B step of the slowest pipeline, T
+    round_sync_s: float = 0.0  # one round's all-reduce, Y
+    exposed_sync_s: float = 0.0  # the part of Y not hidden behind compute, per round
+    bottleneck: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """The issue's ``predicted`` object."""
+        return {
+            "tokens_per_s": self.tokens_per_s,
+            "usd_per_hour": self.usd_per_hour,
+            "usd_per_mtok": self.usd_per_mtok if math.isfinite(self.usd_per_mtok) else None,
+            "step_s": self.step_s,
+            "cross_region_bytes_per_step": self.cross_region_bytes_per_step,
+        }
+
+
+def _butterfly(z: float, members: Sequence[str], sc: Scenario) -> tuple[float, list[tuple[str, str, float]]] | None:
+    """Time of a butterfly all-reduce of ``z`` bytes among ``members`` and the bytes each pair sends."""
+    n = len(members)
+    if n < 2:
+        return 0.0, []
+    share = z / n
+    worst_send, worst_rtt, sent = 0.0, 0.0, []
+    for i in members:
+        t = 0.0
+        for j in members:
+            if i == j:
+                continue
+            ln = sc.link(i, j)
+            if ln is None:
+                return None
+            t += share / ln.bytes_per_s
+            worst_rtt = max(worst_rtt, ln.rtt_s)
+            sent.append((i, j, 2.0 * share))
+        worst_send = max(worst_send, t)
+    return 2.0 * worst_send + 2.0 * worst_rtt, sent
+
+
+class CostModel:
+    """The cost model bound to one scenario, with its per-layer sums precomputed."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.sc = scenario
+        job, model = scenario.job, scenario.model
+        prof = model.profile
+        self.n_layers = len(prof)
+        self.m = float(job.micro_batch * model.seq_len)
+        self.M = job.micro_batches
+        self.H = job.sync_every
+        self.d = model.dtype_bytes
+        self.act_ratio = compression_ratio(job.activation_codec, self.d)
+        self.sync_bytes_per_elem = encoded_bytes_per_element(job.sync_codec, 4)
+        self.flops = [0.0]
+        self.params = [0.0]
+        self.saved = [0.0]  # activation bytes per token kept for backward, prefix sums
+        for i, lp in enumerate(prof):
+            self.flops.append(self.flops[-1] + lp.flops_per_token)
+            self.params.append(self.params[-1] + lp.param_bytes)
+            inp = prof[i - 1].activation_bytes_per_token if i > 0 else 0
+            self.saved.append(self.saved[-1] + ACTIVATION_SAVE_FACTOR * inp)
+        self.act = [lp.activation_bytes_per_token for lp in prof]
+
+    # -- pieces used by the search -----------------------------------------------------------
+    def stage_memory(self, start: int, end: int, stage: int, stages: int) -> float:
+        """Bytes a peer needs to train layers ``[start, end)`` as stage ``stage`` of ``stages``."""
+        n_params = (self.params[end] - self.params[start]) / self.d
+        in_flight = min(self.M, stages - stage)
+        saved = in_flight * self.m * (self.saved[end] - self.saved[start])
+        return n_params * (2 * self.d + OPTIMIZER_STATE_BYTES_PER_PARAM) + saved
+
+    def stage_compute_s(self, start: int, end: int, flops: float) -> float:
+        return self.m * (self.flops[end] - self.flops[start]) / flops
+
+    def hop_bytes(self, boundary: int) -> float:
+        """Bytes one way per microbatch across a hop after layer ``boundary - 1``."""
+        return self.m * self.act[boundary - 1] / self.act_ratio
+
+    # -- the whole prediction ------------------------------------------------------------------
+    def check(self, pipelines: Sequence[Sequence[StageAssignment]], *, check_memory: bool = True) -> str | None:
+        """Why ``pipelines`` is not a valid plan, or None when it is."""
+        if not pipelines:
+            return "a plan needs at least one pipeline"
+        seen: set[str] = set()
+        for pi, pipe in enumerate(pipelines):
+            if not pipe:
+                return f"pipeline {pi} has no stages"
+            pos = 0
+            for si, st in enumerate(pipe):
+                if st.peer not in self.sc._peer:
+                    return f"pipeline {pi} stage {si}: unknown peer {st.peer!r}"
+                if st.peer in seen:
+                    return f"peer {st.peer!r} appears twice; a peer runs one stage"
+                seen.add(st.peer)
+                a, b = st.layers
+                if a != pos or b <= a:
+                    return f"pipeline {pi} stage {si}: layers {st.layers} must start at {pos} and be non-empty"
+                pos = b
+                if check_memory:
+                    need = self.stage_memory(a, b, si, len(pipe))
+                    have = self.sc.peer(st.peer).memory_bytes
+                    if need > have:
+                        return (f"peer {st.peer!r} has {have / 1e9:.1f} GB but layers {a}..{b - 1} as stage {si} "
+                                f"need {need / 1e9:.1f} GB")
+            if pos != self.n_layers:
+                return f"pipeline {pi} covers layers 0..{pos - 1}, not all {self.n_layers}"
+            for si in range(len(pipe) - 1):
+                if self.sc.link(pipe[si].peer, pipe[si + 1].peer) is None:
+                    return f"no link between {pipe[si].peer!r} and {pipe[si + 1].peer!r} (pipeline {pi})"
+        return None
+
+    def predict(
+        self, pipelines: Sequence[Sequence[StageAssignment]], *, detail: bool = True, check_memory: bool = True
+    ) -> Prediction | str:
+        """The prediction for a plan, or a string saying why the plan is infeasible."""
+        why = self.check(pipelines, check_memory=check_memory)
+        if why is not None:
+            return why
+        sc, m, M = self.sc, self.m, self.M
+        peers = sc._peer
+        pair_bytes: dict[tuple[str, str], float] = {}
+        usd_step = 0.0  # egress USD per inner step
+        compute: dict[str, float] = {}
+        T, bottleneck = 0.0, ""
+        for pipe in pipelines:
+            fill, worst, what = 0.0, 0.0, ""
+            for si, st in enumerate(pipe):
+                c = self.stage_compute_s(st.layers[0], st.layers[1], peers[st.peer].flops)
+                compute[st.peer] = c
+                fill += c
+                if c > worst:
+                    worst, what = c, f"compute on {st.peer}"
+                if si + 1 < len(pipe):
+                    nxt = pipe[si + 1].peer
+                    ln = sc.link(st.peer, nxt)
+                    assert ln is not None
+                    a = self.hop_bytes(st.layers[1])
+                    busy = 2.0 * a / ln.bytes_per_s
+                    fill += busy + ln.rtt_s
+                    if busy > worst:
+                        worst, what = busy, f"link {st.peer}->{nxt}"
+                    for src, dst in ((st.peer, nxt), (nxt, st.peer)):
+                        key = (peers[src].region, peers[dst].region)
+                        pair_bytes[key] = pair_bytes.get(key, 0.0) + M * a
+                        usd_step += M * a * sc.egress_usd_per_gb(src, dst) / 1e9
+            t_p = fill + (M - 1) * worst
+            if t_p > T:
+                T, bottleneck = t_p, what
+        # -- rounds: stage groups are the peers holding the same layer segment in every pipeline
+        Y, sync_pairs = 0.0, []
+        if len(pipelines) > 1:
+            cuts = sorted({st.layers[1] for pipe in pipelines for st in pipe} | {0})
+            groups: dict[tuple[str, ...], float] = {}
+            for a, b in zip(cuts, cuts[1:], strict=False):
+                holders = tuple(next(st.peer for st in pipe if st.layers[0] <= a < st.layers[1]) for pipe in pipelines)
+                groups[holders] = groups.get(holders, 0.0) + (self.params[b] - self.params[a]) / self.d
+            for members, n_params in groups.items():
+                res = self._group_sync(members, n_params * self.sync_bytes_per_elem)
+                if res is None:
+                    return f"stage group {list(members)} spans regions with no link between them"
+                y, sent = res
+                Y = max(Y, y)
+                sync_pairs.extend(sent)
+        exposed = max(0.0, Y - self.H * T) if sc.job.overlap_sync else Y
+        t_eff = T + exposed / self.H
+        if exposed > 0:
+            bottleneck += f" + {exposed:.3g} s of round sync not hidden"
+        for src, dst, nbytes in sync_pairs:
+            key = (peers[src].region, peers[dst].region)
+            pair_bytes[key] = pair_bytes.get(key, 0.0) + nbytes / self.H
+            usd_step += nbytes / self.H * sc.egress_usd_per_gb(src, dst) / 1e9
+        tokens_per_s = len(pipelines) * M * m / t_eff
+        usd_per_hour = sum(peers[q].usd_per_hour for q in compute) + usd_step * 3600.0 / t_eff
+        usd_per_mtok = usd_per_hour / (tokens_per_s * 3600.0) * 1e6 if tokens_per_s > 0 else math.inf
+        cross = sum(v for (ra, rb), v in pair_bytes.items() if ra != rb)
+        return Prediction(
+            tokens_per_s=tokens_per_s,
+            usd_per_hour=usd_per_hour,
+            usd_per_mtok=usd_per_mtok,
+            step_s=t_eff,
+            cross_region_bytes_per_step=cross,
+            bytes_per_region_pair=pair_bytes if detail else {},
+            utilisation={q: M * c / t_eff for q, c in compute.items()} if detail else {},
+            pipeline_step_s=T,
+            round_sync_s=Y,
+            exposed_sync_s=exposed,
+            bottleneck=bottleneck,
+        )
+
+    def _group_sync(self, members: Sequence[str], z: float) -> tuple[float, list[tuple[str, str, float]]] | None:
+        """Hierarchical all-reduce of ``z`` bytes: per-region reduce-scatter/all-gather + leaders' all-reduce."""
+        sc = self.sc
+        by_region: dict[str, list[str]] = {}
+        for q in members:
+            by_region.setdefault(sc._peer[q].region, []).append(q)
+        intra, sent = 0.0, []
+        for region, qs in by_region.items():
+            if len(qs) < 2:
+                continue
+            if not sc.has_peer_links:
+                # uniform links inside a region: the closed form, O(1) instead of O(n^2)
+                ln = sc.region_link(region, region)
+                if ln is None:
+                    return None
+                n = len(qs)
+                intra = max(intra, 2.0 * (n - 1) / n * z / ln.bytes_per_s + 2.0 * ln.rtt_s)
+                sent.append((qs[0], qs[0], 2.0 * (n - 1) * z))
+                continue
+            res = _butterfly(z, qs, sc)
+            if res is None:
+                return None
+            intra = max(intra, res[0])
+            sent.extend(res[1])
+        leaders = [qs[0] for qs in by_region.values()]
+        res = _butterfly(z, leaders, sc)
+        if res is None:
+            return None
+        return intra + res[0], sent + res[1]
+
+
+def evaluate(
+    scenario: Scenario, pipelines: Sequence[Sequence[StageAssignment]], *, check_memory: bool = True
+) -> Prediction:
+    """Predict tokens/s, price and traffic of ``pipelines`` on ``scenario``.
+
+    Raises :class:`InfeasiblePlanError` naming the problem when the plan is
+    invalid (layers not covered once per pipeline, a peer used twice, a
+    missing link, or — unless ``check_memory`` is False — a stage that does not
+    fit its peer's memory).
+    """
+    res = CostModel(scenario).predict(pipelines, check_memory=check_memory)
+    if isinstance(res, str):
+        raise InfeasiblePlanError(res)
+    return res

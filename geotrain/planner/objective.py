@@ -1,0 +1,101 @@
+"""What the planner optimises.
+
+An *objective* is one of:
+
+- ``"throughput"``: most tokens/s (ties: lower USD per 1M tokens);
+- ``"cost"``: lowest USD per 1M tokens (ties: more tokens/s);
+- ``{"max_usd_per_hour": X}``: most tokens/s while the swarm costs at most X USD/hour;
+- ``{"min_tokens_per_s": Y}``: lowest USD per 1M tokens while making at least Y tokens/s.
+
+:meth:`Objective.score` turns a prediction into one number to minimise, with
+a constraint violation dominating everything else, so every search (exact,
+heuristic, genetic) compares plans the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from geotrain.errors import ConfigError
+
+KINDS = ("throughput", "cost", "max_usd_per_hour", "min_tokens_per_s")
+# A violated constraint adds this much per relative unit of violation, so any
+# plan that meets the constraint beats any plan that does not.
+_PENALTY = 1e12
+
+
+class _Figures(Protocol):
+    tokens_per_s: float
+    usd_per_hour: float
+    usd_per_mtok: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Objective:
+    """One optimisation target; ``value`` is the bound for the constrained kinds."""
+
+    kind: str = "throughput"
+    value: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ConfigError(f"objective must be one of {', '.join(KINDS)}; got {self.kind!r}")
+        constrained = self.kind in ("max_usd_per_hour", "min_tokens_per_s")
+        if constrained and (self.value is None or not self.value > 0):
+            raise ConfigError(f"objective {self.kind} needs a positive bound, e.g. {{{self.kind!r}: 40}}")
+        if not constrained and self.value is not None:
+            raise ConfigError(f"objective {self.kind!r} takes no bound; got {self.value}")
+
+    @classmethod
+    def parse(cls, raw: Any) -> Objective:
+        """From a scenario/CLI value: a name, a one-key dict, ``name=value`` or a JSON string."""
+        if isinstance(raw, Objective):
+            return raw
+        if raw is None:
+            return cls()
+        if isinstance(raw, str):
+            text = raw.strip()
+            if text.startswith("{"):
+                try:
+                    return cls.parse(json.loads(text))
+                except json.JSONDecodeError as e:
+                    raise ConfigError(f"objective {raw!r} is not valid JSON: {e}") from None
+            if "=" in text:
+                key, _, val = text.partition("=")
+                return cls.parse({key.strip(): val.strip()})
+            return cls(kind=text)
+        if isinstance(raw, dict) and len(raw) == 1:
+            ((key, val),) = raw.items()
+            try:
+                bound = float(val)
+            except (TypeError, ValueError):
+                raise ConfigError(f"objective {key!r} needs a number; got {val!r}") from None
+            return cls(kind=str(key), value=bound)
+        raise ConfigError(
+            'objective must be "throughput", "cost", {"max_usd_per_hour": X} or {"min_tokens_per_s": Y}; '
+            f"got {raw!r}"
+        )
+
+    def to_json(self) -> str | dict[str, float]:
+        if self.value is None:
+            return self.kind
+        return {self.kind: self.value}
+
+    def violation(self, p: _Figures) -> float:
+        """Relative amount by which ``p`` breaks this objective's constraint (0 if it holds)."""
+        assert self.value is not None or self.kind in ("throughput", "cost")
+        if self.kind == "max_usd_per_hour" and self.value is not None:
+            return max(0.0, p.usd_per_hour - self.value) / self.value
+        if self.kind == "min_tokens_per_s" and self.value is not None:
+            return max(0.0, self.value - p.tokens_per_s) / self.value
+        return 0.0
+
+    def score(self, p: _Figures) -> float:
+        """Lower is better. Maximising kinds use -tokens/s; the cost kinds use USD per 1M tokens."""
+        penalty = _PENALTY * (1.0 + self.violation(p)) if self.violation(p) > 0 else 0.0
+        if self.kind in ("throughput", "max_usd_per_hour"):
+            # tiny tie-break on price so equal-speed plans prefer the cheaper one
+            return penalty - p.tokens_per_s + 1e-9 * p.usd_per_mtok
+        return penalty + p.usd_per_mtok - 1e-12 * p.tokens_per_s

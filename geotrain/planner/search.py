@@ -1,0 +1,262 @@
+"""Assignment search: how many stages and pipelines, and which peer goes where.
+
+A *grid* is the search's plan before layers: ``grid[p][s]`` is the peer of
+stage ``s`` in pipeline ``p``; peers not in it are *spares*. Every grid is
+turned into a plan by the layer-split DP (``split``) and scored by the cost
+model under the objective, so exact search, heuristic and baselines compare
+like with like.
+
+- :func:`exhaustive`: every shape (S stages x P pipelines) and every
+  arrangement of peers up to swapping whole pipelines. Used when the count is
+  small (a few peers).
+- :func:`heuristic`: region-aware packing then local search. Pipelines carry
+  activations every microbatch and stage groups sync only every H steps, so
+  it first packs pipelines inside regions (fast, free links), takes peers by
+  the objective's own measure (FLOP/s, or FLOP/s per USD), lines columns up
+  by speed so a stage group has no straggler, and chains the leftover peers
+  of each region into mixed pipelines along the best-connected region order.
+  Then it improves the best shapes by swapping two peers, or a peer and a
+  spare, while the score improves.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import random
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from geotrain.planner.costmodel import CostModel, Prediction, StageAssignment
+from geotrain.planner.objective import Objective
+from geotrain.planner.split import Grid, assign, column_key, split_layers
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A scored grid: its score (lower is better), the plan and its prediction."""
+
+    score: float
+    grid: Grid
+    pipelines: list[list[StageAssignment]]
+    prediction: Prediction
+
+
+class Scorer:
+    """Turns grids into scored candidates, caching splits; counts evaluations."""
+
+    def __init__(self, cm: CostModel, objective: Objective) -> None:
+        self.cm = cm
+        self.objective = objective
+        self.split_cache: dict[object, tuple[int, ...] | None] = {}
+        self.evaluations = 0
+        self.last_reason = ""
+
+    def __call__(self, grid: Grid) -> Candidate | None:
+        self.evaluations += 1
+        key = column_key(self.cm, grid)
+        if key is None:
+            self.last_reason = "a pipeline hop joins peers with no link between them"
+            return None
+        bounds = split_layers(self.cm, key, self.split_cache)
+        if bounds is None:
+            self.last_reason = "the layers do not fit the peers' memory"
+            return None
+        pipes = assign(grid, bounds)
+        pred = self.cm.predict(pipes, detail=False, check_memory=False)
+        if isinstance(pred, str):
+            self.last_reason = pred
+            return None
+        return Candidate(self.objective.score(pred), grid, pipes, pred)
+
+
+def shapes(cm: CostModel, n_peers: int, *, dense: bool) -> list[tuple[int, int]]:
+    """(stages, pipelines) pairs to try; a geometric ladder of pipeline counts when not ``dense``."""
+    job = cm.sc.job
+    s_options = [job.stages] if job.stages else list(range(1, min(cm.n_layers, n_peers) + 1))
+    out = []
+    for S in s_options:
+        top = n_peers // S
+        if top < 1:
+            continue
+        if job.pipelines:
+            ps = [job.pipelines] if job.pipelines <= top else []
+        elif dense or top <= 16:
+            ps = list(range(1, top + 1))
+        else:
+            ps = sorted({max(1, round(top * f)) for f in (1, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)} | {1, 2, 4})
+        out.extend((S, P) for P in ps)
+    return out
+
+
+def exhaustive_size(cm: CostModel, n_peers: int) -> int:
+    """How many grids :func:`exhaustive` would score."""
+    total = 0
+    for S, P in shapes(cm, n_peers, dense=True):
+        total += math.perm(n_peers, S * P) // math.factorial(P)
+    return total
+
+
+def exhaustive(score: Scorer, peer_ids: Sequence[str]) -> Candidate | None:
+    """The best grid over every shape and arrangement (pipelines are unordered)."""
+    best: Candidate | None = None
+    for S, P in shapes(score.cm, len(peer_ids), dense=True):
+        for perm in itertools.permutations(peer_ids, S * P):
+            rows = [perm[i * S:(i + 1) * S] for i in range(P)]
+            if any(rows[i][0] > rows[i + 1][0] for i in range(P - 1)):
+                continue  # same pipelines in another order
+            c = score(tuple(rows))
+            if c is not None and (best is None or c.score < best.score):
+                best = c
+    return best
+
+
+# -- heuristic ------------------------------------------------------------------------------------
+def _region_order(cm: CostModel, regions: list[str]) -> list[str]:
+    """Regions chained greedily by bandwidth, starting from the first, for mixed pipelines."""
+    if not regions:
+        return []
+    order, left = [regions[0]], set(regions[1:])
+    while left:
+        cur = order[-1]
+
+        def bw(r: str, cur: str = cur) -> float:
+            ln = cm.sc.region_link(cur, r)
+            return ln.bytes_per_s if ln else 0.0
+
+        nxt = max(sorted(left), key=bw)
+        order.append(nxt)
+        left.remove(nxt)
+    return order
+
+
+def pack(cm: CostModel, chosen: Sequence[str], S: int, P: int) -> Grid:
+    """Pipelines inside regions first, leftovers chained across regions; columns sorted by speed."""
+    peers = cm.sc._peer
+    by_region: dict[str, list[str]] = {}
+    for q in chosen:
+        by_region.setdefault(peers[q].region, []).append(q)
+    rows: list[list[str]] = []
+    leftovers: dict[str, list[str]] = {}
+    for r, qs in sorted(by_region.items(), key=lambda kv: -len(kv[1])):
+        full = len(qs) // S
+        rows.extend(list(qs[i * S:(i + 1) * S]) for i in range(full))
+        if len(qs) % S:
+            leftovers[r] = qs[full * S:]
+    chain = [q for r in _region_order(cm, list(leftovers)) for q in leftovers[r]]
+    rows.extend(chain[i * S:(i + 1) * S] for i in range(len(chain) // S))
+    rows = rows[:P]
+    # inside a pipeline, keep region runs together but put faster peers first within a run, so
+    # column s gathers similar speeds across pipelines (a stage group runs at its slowest peer)
+    out = []
+    for row in rows:
+        runs: list[list[str]] = []
+        for q in row:
+            if runs and peers[runs[-1][0]].region == peers[q].region:
+                runs[-1].append(q)
+            else:
+                runs.append([q])
+        out.append(tuple(q for run in runs for q in sorted(run, key=lambda x: (-peers[x].flops, x))))
+    return tuple(out)
+
+
+def rankings(cm: CostModel, objective: Objective) -> list[Callable[[str], tuple[float, str]]]:
+    peers = cm.sc._peer
+
+    def speed(q: str) -> tuple[float, str]:
+        return (-peers[q].flops, q)
+
+    def value(q: str) -> tuple[float, str]:
+        return (-peers[q].flops / max(peers[q].usd_per_hour, 1e-9), q)
+
+    def memory(q: str) -> tuple[float, str]:
+        return (-peers[q].memory_bytes, q)
+
+    if objective.kind in ("cost", "min_tokens_per_s"):
+        return [value, speed, memory]
+    return [speed, value, memory]
+
+
+def _neighbours(grid: Grid, spares: Sequence[str]) -> Iterable[tuple[Grid, list[str]]]:
+    cells = [(p, s) for p in range(len(grid)) for s in range(len(grid[0]))]
+    for (p1, s1), (p2, s2) in itertools.combinations(cells, 2):
+        g = [list(r) for r in grid]
+        g[p1][s1], g[p2][s2] = g[p2][s2], g[p1][s1]
+        yield tuple(tuple(r) for r in g), list(spares)
+    for (p, s), k in itertools.product(cells, range(len(spares))):
+        g = [list(r) for r in grid]
+        sp = list(spares)
+        g[p][s], sp[k] = sp[k], g[p][s]
+        yield tuple(tuple(r) for r in g), sp
+
+
+def local_search(score: Scorer, start: Candidate, all_ids: Sequence[str], *, budget: int, rng: random.Random,
+                 deadline: float) -> Candidate:
+    """First-improvement swaps (peer-peer and peer-spare) until a local optimum, the budget or the deadline."""
+    best = start
+    used = {q for row in best.grid for q in row}
+    spares = [q for q in all_ids if q not in used]
+    n_cells = len(best.grid) * len(best.grid[0])
+    full = n_cells * (n_cells - 1) // 2 + n_cells * len(spares) <= budget
+    spent = 0
+    while spent < budget and time.monotonic() < deadline:
+        if full:
+            moves: Iterable[tuple[Grid, list[str]]] = _neighbours(best.grid, spares)
+        else:
+            moves = (_random_move(best.grid, spares, rng) for _ in range(min(budget - spent, 4 * n_cells)))
+        improved = False
+        for g, sp in moves:
+            spent += 1
+            c = score(g)
+            if c is not None and c.score < best.score - 1e-12 * abs(best.score):
+                best, spares, improved = c, sp, True
+                break
+            if spent >= budget or time.monotonic() >= deadline:
+                break
+        if not improved and full:
+            break
+    return best
+
+
+def _random_move(grid: Grid, spares: Sequence[str], rng: random.Random) -> tuple[Grid, list[str]]:
+    g = [list(r) for r in grid]
+    sp = list(spares)
+    p1, s1 = rng.randrange(len(g)), rng.randrange(len(g[0]))
+    if sp and rng.random() < 0.5:
+        k = rng.randrange(len(sp))
+        g[p1][s1], sp[k] = sp[k], g[p1][s1]
+    else:
+        p2, s2 = rng.randrange(len(g)), rng.randrange(len(g[0]))
+        g[p1][s1], g[p2][s2] = g[p2][s2], g[p1][s1]
+    return tuple(tuple(r) for r in g), sp
+
+
+def heuristic(score: Scorer, peer_ids: Sequence[str], *, seed: int = 0, time_budget_s: float = 10.0,
+              keep: int = 3) -> Candidate | None:
+    """Region-aware packing for every shape, then local search on the ``keep`` best shapes."""
+    cm = score.cm
+    rng = random.Random(seed)
+    deadline = time.monotonic() + time_budget_s
+    n = len(peer_ids)
+    per_shape: list[Candidate] = []
+    orders = [sorted(peer_ids, key=rank) for rank in rankings(cm, score.objective)]
+    for S, P in shapes(cm, n, dense=n <= 64):
+        best: Candidate | None = None
+        for order in orders:
+            c = score(pack(cm, order[:S * P], S, P))
+            if c is not None and (best is None or c.score < best.score):
+                best = c
+        if best is not None:
+            per_shape.append(best)
+    if not per_shape:
+        return None
+    per_shape.sort(key=lambda c: c.score)
+    budget = 3000 if n <= 16 else 600
+    results = []
+    for c in per_shape[:keep]:
+        results.append(local_search(score, c, peer_ids, budget=budget, rng=rng, deadline=deadline))
+    return min(results, key=lambda c: c.score)
