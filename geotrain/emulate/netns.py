@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from geotrain.emulate.commands import NS_PREFIX, REGION_IFACE, ROUTER, EmulationConfig, setup_commands
-from geotrain.emulate.nsenter import socket_in
+from geotrain.emulate.nsenter import entered, socket_in
 from geotrain.errors import EmulationError
 
 logger = logging.getLogger(__name__)
@@ -158,6 +158,15 @@ class Emulation:
         proc: subprocess.Popen[Any] = subprocess.Popen([*self.exec_prefix(region), *argv], **popen_kwargs)
         self._procs.append(proc)
         return proc
+
+    def inside(self, region: str) -> contextlib.AbstractContextManager[None]:
+        """Run a block with the calling thread in ``region``'s namespace.
+
+        Sockets, threads and ZMQ contexts' I/O threads created inside the block
+        stay in that namespace for life, e.g. ``with em.inside("eu"):
+        Transport(TransportConfig(host=em.address("eu")), ...).start()``.
+        """
+        return entered(self.namespace(region))
 
     def socket(self, region: str, family: int = socket.AF_INET, type: int = socket.SOCK_STREAM) -> socket.socket:
         """A socket in ``region``'s namespace, created from this process."""
