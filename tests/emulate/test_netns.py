@@ -19,7 +19,6 @@ import pytest
 from geotrain.emulate import Emulation, EmulationConfig, cleanup, status, topology_from_dict
 from geotrain.emulate.netns import list_namespaces
 from geotrain.emulate.probe import tcp_goodput
-from geotrain.errors import EmulationError
 
 pytestmark = [
     pytest.mark.netns,
@@ -134,9 +133,3 @@ def test_setup_removes_stale_namespaces_of_its_tag_only() -> None:
     finally:
         cleanup("tother")
         cleanup("tstale")
-
-
-def test_not_root_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    with pytest.raises(EmulationError, match="needs root"):
-        Emulation(EmulationConfig(topology=TOPO, tag="tnoroot")).setup()
