@@ -1,0 +1,162 @@
+"""A peer's compute benchmark: measured FLOP/s, memory and device name.
+
+What is measured? Dense matmul throughput: square ``size x size`` matrices
+multiplied repeatedly for about ``max_seconds`` on the peer's device; each
+product is ``2 * size**3`` floating-point operations. The planner uses the
+figure as a relative speed, so it must be measured the same way on every
+peer, not declared. The median of per-batch rates is reported, so a burst of
+load from a neighbour process does not decide the figure.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from geotrain.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = ("float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchmarkConfig:
+    """``device``: ``auto`` (CUDA if present, else CPU), ``cpu``, ``cuda`` or ``cuda:N``."""
+
+    device: str = "auto"
+    size: int = 512
+    dtype: str = "float32"
+    max_seconds: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ConfigError(f"benchmark.device must be auto, cpu, cuda or cuda:N; got {self.device!r}")
+        if not 16 <= self.size <= 16384:
+            raise ConfigError(f"benchmark.size must be in 16..16384; got {self.size}")
+        if self.dtype not in _DTYPES:
+            raise ConfigError(f"benchmark.dtype must be one of {_DTYPES}; got {self.dtype!r}")
+        if not 0 < self.max_seconds <= 30:
+            raise ConfigError(f"benchmark.max_seconds must be in (0, 30]; got {self.max_seconds}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComputeResult:
+    """``flops``: FLOP/s; ``memory_bytes``: RAM (CPU) or device memory (GPU)."""
+
+    device: str  # human-readable device name, e.g. "NVIDIA H200" or "cpu: AMD EPYC ... (2 threads)"
+    device_type: str  # "cpu" or "cuda"
+    flops: float
+    memory_bytes: int
+    dtype: str
+    size: int
+    matmuls: int
+    seconds: float
+
+
+def measure_compute(config: BenchmarkConfig | None = None) -> ComputeResult:
+    """Run the matmul benchmark for about ``config.max_seconds``."""
+    import torch
+
+    cfg = config or BenchmarkConfig()
+    device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
+                          "cpu" if cfg.device == "auto" else cfg.device)  # fmt: skip
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("benchmark.device is cuda but torch sees no CUDA device; use --device cpu")
+    dtype = getattr(torch, cfg.dtype)
+    if device.type == "cpu" and dtype == torch.float16:
+        dtype = torch.float32  # fp16 matmul on CPU is emulated and would understate the machine
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    a = torch.randn(cfg.size, cfg.size, generator=gen).to(device=device, dtype=dtype)  # (N, N)
+    b = torch.randn(cfg.size, cfg.size, generator=gen).to(device=device, dtype=dtype)  # (N, N)
+    out = torch.empty(cfg.size, cfg.size, device=device, dtype=dtype)  # (N, N)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    flop_per_matmul = 2.0 * cfg.size**3
+    torch.matmul(a, b, out=out)  # warm-up: first call pays for kernel selection and allocation
+    sync()
+    # Batch size so one batch takes ~1/20 of the budget; calibrated from one timed matmul.
+    t = time.perf_counter()
+    torch.matmul(a, b, out=out)
+    sync()
+    one = max(time.perf_counter() - t, 1e-7)
+    per_batch = max(1, int(cfg.max_seconds / 20 / one))
+    rates: list[float] = []
+    matmuls = 0
+    start = time.perf_counter()
+    deadline = start + cfg.max_seconds
+    while True:
+        t = time.perf_counter()
+        done = 0
+        while done < per_batch and (done == 0 or time.perf_counter() < deadline):
+            torch.matmul(a, b, out=out)
+            done += 1
+        sync()
+        elapsed = time.perf_counter() - t
+        matmuls += done
+        rates.append(done * flop_per_matmul / max(elapsed, 1e-9))
+        if time.perf_counter() >= deadline:
+            break
+    total = time.perf_counter() - start
+    name, memory = _describe(device)
+    result = ComputeResult(
+        device=name,
+        device_type=device.type,
+        flops=float(statistics.median(rates)),
+        memory_bytes=memory,
+        dtype=str(dtype).removeprefix("torch."),
+        size=cfg.size,
+        matmuls=matmuls,
+        seconds=total,
+    )
+    logger.info(
+        "compute benchmark: %.3g FLOP/s on %s (%d matmuls in %.2fs)", result.flops, name, matmuls, total
+    )
+    return result
+
+
+def _describe(device: object) -> tuple[str, int]:
+    import torch
+
+    dev = torch.device(device)  # type: ignore[call-overload]
+    if dev.type == "cuda":
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        return str(props.name), int(props.total_memory)
+    return f"cpu: {_cpu_model()} ({torch.get_num_threads()} threads)", system_memory_bytes()
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def system_memory_bytes() -> int:
+    """Physical RAM, or the cgroup's memory limit when that is lower (containers)."""
+    total = 0
+    try:
+        total = int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        pass
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit_file).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < (total or 1 << 62):
+            total = int(text)
+    return total

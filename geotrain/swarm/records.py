@@ -1,0 +1,144 @@
+"""Typed records that peers and the coordinator publish on the DHT.
+
+Every record lives under one swarm-prefixed DHT key (``<swarm>_peers``,
+``<swarm>_links``, ...) in a subkey that holds its owner's public key, so
+hivemind's ``RSASignatureValidator`` only accepts it when signed by that owner.
+One owner therefore has at most one live record of each kind; republishing
+replaces it.
+
+These pydantic (v2) models are the public, typed view. They are strict: no
+type coercion, unknown fields refused, numbers bounded where a bound is
+meaningful. :mod:`geotrain.swarm.schema` derives from them the pydantic v1
+schema that hivemind's ``SchemaValidator`` enforces on every DHT node.
+
+Words: a **heartbeat** is a republication of a peer record; its DHT expiration
+is 3 heartbeat periods, so a dead peer's record vanishes within that time.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
+
+#: Kinds of record, and the DHT key suffix each lives under.
+RECORD_KINDS = ("peers", "links", "job", "plan", "progress")
+
+_REGION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_ENDPOINT_RE = re.compile(r"^tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):[0-9]{1,5}$")
+
+PeerIdStr = Annotated[str, Field(min_length=1, max_length=128)]
+Seconds = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+NonNegative = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+Count = Annotated[int, Field(ge=0)]
+# Finite only: hivemind's SchemaValidator compares values with ==, and NaN != NaN would refuse them anyway.
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    def to_wire(self) -> dict[str, JsonValue]:
+        """The msgpack-able dict stored in the DHT (floats stay floats, absent optionals are None)."""
+        return self.model_dump(mode="python")
+
+
+class PeerRecord(_Record):
+    """What a peer offers: published at start and refreshed by its heartbeat.
+
+    ``flops`` is measured (FLOP/s from a short matmul benchmark), not declared.
+    ``endpoint`` is the peer's ZMQ data-plane address ``tcp://host:port``.
+    ``curve_public_key`` is its Z85 CURVE key when the swarm uses encryption.
+    ``started_at`` / ``heartbeat_at`` are DHT times (seconds since the epoch).
+    """
+
+    peer_id: PeerIdStr
+    region: str
+    device: Annotated[str, Field(min_length=1, max_length=128)]
+    flops: NonNegative
+    memory_bytes: Count
+    usd_per_hour: NonNegative
+    endpoint: Annotated[str, Field(max_length=300)]
+    version: Annotated[str, Field(min_length=1, max_length=64)]
+    curve_public_key: Annotated[str, Field(min_length=40, max_length=40)] | None = None
+    started_at: Seconds
+    heartbeat_at: Seconds
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, v: str) -> str:
+        if not _REGION_RE.match(v):
+            raise ValueError(
+                f"region {v!r} must be 1-64 chars of letters, digits, '.', '_' or '-' (e.g. eu-west)"
+            )
+        return v
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: str) -> str:
+        if not _ENDPOINT_RE.match(v):
+            raise ValueError(f"endpoint {v!r} must look like tcp://HOST:PORT")
+        return v
+
+
+class LinkMeasurement(_Record):
+    """One measured link from the row's source to one destination peer."""
+
+    bandwidth_bps: NonNegative  # bytes per second
+    rtt_s: Seconds
+    measured_at: Seconds
+
+
+class LinkRow(_Record):
+    """A peer's row of the link matrix: its measured links to the peers it probed."""
+
+    src: PeerIdStr
+    links: Annotated[dict[str, LinkMeasurement], Field(max_length=4096)]
+
+
+class JobRecord(_Record):
+    """The job the coordinator publishes: ``spec`` is the JSON form of the job config."""
+
+    job_id: Annotated[str, Field(min_length=1, max_length=128)]
+    spec: dict[str, JsonValue]
+    published_at: Seconds
+
+
+class PlanRecord(_Record):
+    """A versioned plan: ``plan`` is the JSON form of the planner's output for ``job_id``."""
+
+    job_id: Annotated[str, Field(min_length=1, max_length=128)]
+    version: Annotated[int, Field(ge=1)]
+    plan: dict[str, JsonValue]
+    published_at: Seconds
+
+
+class ProgressRecord(_Record):
+    """One peer's training progress, republished as it goes.
+
+    ``round`` counts outer steps; ``bytes_sent``/``bytes_received`` are data-plane
+    totals; ``stats`` holds any further numeric figures (utilization, tokens/s, ...).
+    """
+
+    peer_id: PeerIdStr
+    job_id: Annotated[str, Field(min_length=1, max_length=128)]
+    plan_version: Count
+    step: Count
+    loss: Finite | None = None  # None when the peer has no loss yet (or it was not finite)
+    tokens: Count
+    round: Count
+    bytes_sent: Count
+    bytes_received: Count
+    updated_at: Seconds
+    stats: Annotated[dict[str, Finite], Field(max_length=64)] = Field(default_factory=dict)
+
+
+#: The model stored under each kind of key.
+MODEL_OF_KIND: dict[str, type[_Record]] = {
+    "peers": PeerRecord,
+    "links": LinkRow,
+    "job": JobRecord,
+    "plan": PlanRecord,
+    "progress": ProgressRecord,
+}

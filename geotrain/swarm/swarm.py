@@ -1,0 +1,371 @@
+"""The :class:`Swarm` facade: one peer's handle on the swarm's DHT.
+
+What is a swarm? The peers that share one DHT and one swarm name. The name
+prefixes every DHT key geotrain uses, so several swarms can share one DHT (and
+one plain ``hivemind-dht`` bootstrap) without seeing each other's records.
+
+A :class:`Swarm` starts a hivemind DHT node (in a child process, with its
+``p2pd``), installs geotrain's validators and the msgpack decode guard, and
+publishes / reads the typed records of :mod:`geotrain.swarm.records`. Every
+DHT call has a deadline (:class:`~geotrain.errors.DHTTimeoutError` past it).
+Reads return only live records that pass validation, keyed by owner peer id.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import tempfile
+import threading
+from collections.abc import Callable
+from concurrent.futures import CancelledError
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pydantic import ValidationError
+
+from geotrain.errors import BootstrapError, ConfigError, DHTTimeoutError, RecordError, SwarmError
+from geotrain.peers.identity import Identity, peer_id_from_public_key
+from geotrain.swarm.msgpack_guard import install_decode_guard, scan_msgpack
+from geotrain.swarm.records import JobRecord, LinkRow, PeerRecord, PlanRecord, ProgressRecord, _Record
+from geotrain.swarm.schema import build_validators, dht_key
+
+if TYPE_CHECKING:
+    from geotrain.swarm.dht_process import SwarmDHT
+    from geotrain.swarm.heartbeat import Heartbeat
+
+logger = logging.getLogger(__name__)
+R = TypeVar("R", bound=_Record)
+
+_SWARM_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
+_OWNER_RE = re.compile(rb"\[owner:(.+?)\]")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SwarmConfig:
+    """How one peer joins the swarm's DHT.
+
+    ``initial_peers``: multiaddrs ending in ``/p2p/<peer id>`` (empty = start a new swarm).
+    ``host``/``port``: where this node's libp2p listens (port 0 = any free port).
+    ``heartbeat_s``: period of the peer-record heartbeat; the record expires after 3 periods.
+    ``record_ttl_s``: lifetime of link/job/plan/progress records (republish before it ends).
+    ``max_ttl_s``/``max_value_bytes``/``max_depth``: what this node's validators accept.
+    ``timeout_s``: deadline of each get/store; ``rpc_timeout_s``: of one hivemind RPC.
+    """
+
+    initial_peers: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
+    port: int = 0
+    swarm: str = "geotrain"
+    client_mode: bool = False
+    heartbeat_s: float = 5.0
+    record_ttl_s: float = 120.0
+    max_ttl_s: float = 600.0
+    max_value_bytes: int = 512 * 1024
+    max_depth: int = 24
+    timeout_s: float = 10.0
+    rpc_timeout_s: float = 3.0
+    start_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.initial_peers, (str, bytes)) or not all(
+            isinstance(p, str) for p in self.initial_peers
+        ):
+            raise ConfigError(
+                "swarm.initial_peers must be a tuple of multiaddr strings, e.g. ('/ip4/1.2.3.4/tcp/31337/p2p/Qm...',)"
+            )
+        for maddr in self.initial_peers:
+            if "/p2p/" not in maddr:
+                raise ConfigError(
+                    f"initial peer {maddr!r} must end with /p2p/<peer id>; copy it from the bootstrap's ready line"
+                )
+        if not _SWARM_NAME_RE.match(self.swarm):
+            raise ConfigError(
+                f"swarm name {self.swarm!r} must be a letter then up to 63 letters, digits or '_'"
+            )
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"swarm.port must be in 0..65535 (0 = any free port); got {self.port}")
+        if not self.host:
+            raise ConfigError("swarm.host must be an address such as 127.0.0.1 or 0.0.0.0")
+        for name in (
+            "heartbeat_s",
+            "record_ttl_s",
+            "max_ttl_s",
+            "timeout_s",
+            "rpc_timeout_s",
+            "start_timeout_s",
+        ):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"swarm.{name} must be > 0; got {getattr(self, name)}")
+        if 3 * self.heartbeat_s > self.max_ttl_s:
+            raise ConfigError(
+                f"swarm.heartbeat_s x 3 must be <= max_ttl_s ({self.max_ttl_s}); got {self.heartbeat_s}"
+            )
+        if self.record_ttl_s > self.max_ttl_s:
+            raise ConfigError(
+                f"swarm.record_ttl_s must be <= max_ttl_s ({self.max_ttl_s}); got {self.record_ttl_s}"
+            )
+        if self.max_value_bytes < 4096 or self.max_depth < 4:
+            raise ConfigError("swarm.max_value_bytes must be >= 4096 and swarm.max_depth >= 4")
+
+    @property
+    def peer_ttl_s(self) -> float:
+        """Lifetime of one heartbeat's peer record: 3 heartbeat periods."""
+        return 3 * self.heartbeat_s
+
+    def host_maddr(self) -> str:
+        proto = "ip6" if ":" in self.host else "ip4"
+        return f"/{proto}/{self.host}/tcp/{self.port}"
+
+
+class Swarm:
+    """One peer's handle on the swarm's DHT. Use as a context manager, or start()/shutdown().
+
+    >>> with Swarm(SwarmConfig(initial_peers=(maddr,)), identity=Identity.load_or_create(path)) as swarm:
+    ...     swarm.publish_peer(record)
+    ...     peers = swarm.get_peers()        # {peer_id: PeerRecord}, live and valid only
+    """
+
+    def __init__(self, config: SwarmConfig, *, identity: Identity | None = None) -> None:
+        self.config = config
+        self.identity = identity if identity is not None else Identity.ephemeral()
+        self._dht: SwarmDHT | None = None
+        self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
+        self._owner_subkey = b"[owner:" + self.identity.owner_public_key() + b"]"
+        self._last_expiration: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._heartbeats: list[Heartbeat] = []
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    @property
+    def peer_id(self) -> str:
+        """This peer's id: its libp2p peer id, derived from its identity key."""
+        return self.identity.peer_id
+
+    @property
+    def started(self) -> bool:
+        return self._dht is not None and self._dht.is_alive()
+
+    def start(self) -> Swarm:
+        """Start the DHT node and join the swarm. Raises BootstrapError if no initial peer answers."""
+        if self._dht is not None:
+            raise SwarmError("this Swarm was already started; make a new one")
+        install_decode_guard()  # before the fork: the DHT child inherits it
+        from geotrain.swarm.dht_process import SwarmDHT
+
+        cfg = self.config
+        identity_path = self.identity.path
+        if (
+            identity_path is None
+        ):  # p2pd reads its key from a file; an ephemeral one lives in a private temp dir
+            self._tmpdir = tempfile.TemporaryDirectory(prefix="geotrain-id-")
+            identity_path = self.identity.write(Path(self._tmpdir.name) / "identity.key")
+        validators = build_validators(
+            swarm=cfg.swarm,
+            private_key=self.identity.hivemind_private_key(),
+            max_value_bytes=cfg.max_value_bytes,
+            max_depth=cfg.max_depth,
+            max_ttl_s=cfg.max_ttl_s,
+        )
+        dht = SwarmDHT(
+            initial_peers=list(cfg.initial_peers),
+            start=False,
+            record_validators=validators,
+            client_mode=cfg.client_mode,
+            host_maddrs=[cfg.host_maddr()],
+            identity_path=str(identity_path),
+            # the check dials the swarm with a throwaway p2pd to see whether our peer id is already
+            # online; a key minted a moment ago cannot be, so skip the extra daemon for those
+            check_if_identity_free=self.identity.path is not None,
+            wait_timeout=cfg.rpc_timeout_s,
+            bootstrap_timeout=cfg.rpc_timeout_s,
+            startup_timeout=min(cfg.start_timeout_s, 30.0),
+            shutdown_timeout=5.0,
+        )
+        self._dht = dht
+        try:
+            dht.run_in_background(await_ready=True, timeout=cfg.start_timeout_s)
+        except TimeoutError as e:
+            self.shutdown()
+            raise BootstrapError(f"the DHT node did not start within {cfg.start_timeout_s}s") from e
+        except Exception as e:
+            self.shutdown()
+            if "bootstrap failed" in str(e) or cfg.initial_peers:
+                raise BootstrapError(
+                    f"none of the initial peers answered ({', '.join(cfg.initial_peers)}): {e}. "
+                    "Check that the bootstrap is running and the multiaddrs (with /p2p/<id>) are current."
+                ) from e
+            raise SwarmError(f"the DHT node failed to start: {e}") from e
+        logger.info("joined swarm %r as %s", cfg.swarm, self.peer_id)
+        return self
+
+    def shutdown(self) -> None:
+        """Stop heartbeats and the DHT node (its p2pd with it). Idempotent."""
+        for hb in self._heartbeats:
+            hb.stop()
+        self._heartbeats.clear()
+        if self._dht is not None:
+            dht, self._dht = self._dht, None
+            if dht.is_alive():
+                dht.shutdown()
+            if dht.is_alive():
+                dht.kill()
+            dht.join(timeout=5.0)
+        if self._tmpdir is not None:
+            self._tmpdir.cleanup()
+            self._tmpdir = None
+
+    def __enter__(self) -> Swarm:
+        return self.start() if self._dht is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def visible_maddrs(self) -> list[str]:
+        """Multiaddrs (with ``/p2p/<peer id>``) other peers can use as ``initial_peers``."""
+        dht = self._require()
+        from hivemind.dht.dht import DHT
+
+        future = dht.run_coroutine(DHT._get_visible_maddrs, return_future=True)
+        return [str(m) for m in self._wait(future, "get visible maddrs")]
+
+    # -- publishing ------------------------------------------------------------------------------
+    def publish_peer(self, record: PeerRecord) -> bool:
+        """Publish this peer's record with expiry = 3 heartbeat periods. True if a replica took it."""
+        self._check_own(record.peer_id, "peer_id")
+        return self._publish("peers", record, self.config.peer_ttl_s)
+
+    def publish_links(self, row: LinkRow) -> bool:
+        """Publish this peer's row of the link matrix."""
+        self._check_own(row.src, "src")
+        return self._publish("links", row, self.config.record_ttl_s)
+
+    def publish_job(self, job: JobRecord, *, ttl_s: float | None = None) -> bool:
+        """Publish the job (the coordinator does; the record is keyed by its identity)."""
+        return self._publish("job", job, ttl_s or self.config.record_ttl_s)
+
+    def publish_plan(self, plan: PlanRecord, *, ttl_s: float | None = None) -> bool:
+        """Publish a plan version; it replaces this owner's previous plan."""
+        return self._publish("plan", plan, ttl_s or self.config.record_ttl_s)
+
+    def publish_progress(self, progress: ProgressRecord) -> bool:
+        self._check_own(progress.peer_id, "peer_id")
+        return self._publish("progress", progress, self.config.record_ttl_s)
+
+    def start_heartbeat(self, make_record: Callable[[], PeerRecord]) -> Heartbeat:
+        """Republish ``make_record()`` every ``heartbeat_s`` in a background thread (first one now)."""
+        from geotrain.swarm.heartbeat import Heartbeat
+
+        hb = Heartbeat(self, make_record, period_s=self.config.heartbeat_s)
+        self._heartbeats.append(hb)
+        hb.start()
+        return hb
+
+    # -- reading ---------------------------------------------------------------------------------
+    def get_peers(self) -> dict[str, PeerRecord]:
+        """Live peer records by peer id (a record naming another peer than its signer is dropped)."""
+        return self._get("peers", PeerRecord, owner_field="peer_id")
+
+    def get_links(self) -> dict[str, LinkRow]:
+        return self._get("links", LinkRow, owner_field="src")
+
+    def get_jobs(self) -> dict[str, JobRecord]:
+        """Live jobs by the peer id of the coordinator that published them."""
+        return self._get("job", JobRecord)
+
+    def get_plans(self) -> dict[str, PlanRecord]:
+        """Live plans by publisher peer id."""
+        return self._get("plan", PlanRecord)
+
+    def latest_plan(self, *, job_id: str, publisher: str | None = None) -> PlanRecord | None:
+        """The highest-version live plan for ``job_id`` (from ``publisher`` only, if given)."""
+        plans = [
+            p
+            for owner, p in self.get_plans().items()
+            if p.job_id == job_id and (publisher is None or owner == publisher)
+        ]
+        return max(plans, key=lambda p: p.version, default=None)
+
+    def get_progress(self) -> dict[str, ProgressRecord]:
+        return self._get("progress", ProgressRecord, owner_field="peer_id")
+
+    # -- internals -------------------------------------------------------------------------------
+    def _require(self) -> SwarmDHT:
+        if self._dht is None:
+            raise SwarmError("the swarm is not started; call start() or use `with Swarm(...)`")
+        return self._dht
+
+    def _check_own(self, claimed: str, field: str) -> None:
+        if claimed != self.peer_id:
+            raise RecordError(f"record {field} {claimed!r} is not this peer's id {self.peer_id!r}")
+
+    def _wait(self, future: Any, what: str) -> Any:
+        try:
+            return future.result(timeout=self.config.timeout_s)
+        except TimeoutError as e:
+            future.cancel()
+            raise DHTTimeoutError(f"DHT {what} took longer than {self.config.timeout_s}s") from e
+        except CancelledError as e:
+            raise DHTTimeoutError(f"DHT {what} was cancelled (is the DHT process still running?)") from e
+
+    def _publish(self, kind: str, record: _Record, ttl_s: float) -> bool:
+        from hivemind.utils import MSGPackSerializer, get_dht_time
+
+        cfg = self.config
+        if not 0 < ttl_s <= cfg.max_ttl_s:
+            raise RecordError(f"{kind} ttl {ttl_s}s must be in (0, max_ttl_s={cfg.max_ttl_s}]")
+        value = record.to_wire()
+        packed = MSGPackSerializer.dumps(value)
+        # Refuse here, with a clear error, what every validator would refuse anyway (the signature
+        # adds ~400 bytes, hence the margin).
+        if len(packed) + 512 > cfg.max_value_bytes:
+            raise RecordError(
+                f"{kind} record of {len(packed)} bytes is over the swarm limit {cfg.max_value_bytes}"
+            )
+        scan_msgpack(packed, max_depth=cfg.max_depth)
+        with self._lock:
+            # hivemind keeps the entry with the later expiration: each publication must expire later
+            expiration = max(get_dht_time() + ttl_s, self._last_expiration.get(kind, 0.0) + 1e-3)
+            self._last_expiration[kind] = expiration
+        future = self._require().store(
+            dht_key(cfg.swarm, kind), value, expiration, subkey=self._owner_subkey, return_future=True
+        )
+        ok = bool(self._wait(future, f"store {kind}"))
+        if not ok:
+            logger.warning("no DHT node accepted our %s record", kind)
+        return ok
+
+    def _get(self, kind: str, model: type[R], *, owner_field: str | None = None) -> dict[str, R]:
+        from hivemind.utils import get_dht_time
+
+        future = self._require().get(dht_key(self.config.swarm, kind), latest=True, return_future=True)
+        found = self._wait(future, f"get {kind}")
+        if found is None or not isinstance(found.value, dict):
+            return {}
+        now = get_dht_time()
+        out: dict[str, R] = {}
+        for subkey, item in found.value.items():
+            try:
+                if item.expiration_time <= now:
+                    continue
+                owner = _owner_peer_id(subkey)
+                record = model.model_validate(item.value, strict=True)
+                if owner_field is not None and getattr(record, owner_field) != owner:
+                    raise RecordError(
+                        f"{kind} record claims {getattr(record, owner_field)!r} but is signed by {owner!r}"
+                    )
+            except (ValidationError, RecordError, ValueError, TypeError, AttributeError) as e:
+                logger.debug("skipped a %s record: %s", kind, e)
+                continue
+            out[owner] = record
+        return out
+
+
+def _owner_peer_id(subkey: object) -> str:
+    if not isinstance(subkey, bytes):
+        raise RecordError("subkey is not an owner key")
+    match = _OWNER_RE.fullmatch(subkey)
+    if match is None:
+        raise RecordError("subkey is not an owner key")
+    return peer_id_from_public_key(match.group(1))
