@@ -1,0 +1,317 @@
+"""The stage runtime: one stage of one pipeline, driven one inner step at a time.
+
+What is an *inner step* here? One batch split into ``M`` microbatches; each
+microbatch goes forward through every stage (activations over the forward
+hops) and backward (activation gradients over the backward hops) in the order
+the schedule gives (:mod:`geotrain.pipeline.schedule`); parameter gradients
+accumulate across microbatches; weights tied across stages get their gradients
+summed between the first and last stage; then each stage takes its own
+optimizer step (AdamW by default). The loss is the mean over microbatches of
+each microbatch's mean token loss, which equals the whole batch's mean loss.
+
+Messages (kind, tag) — every one also carries job, plan version and step:
+
+- ``pp.act`` ``(pipeline, step, mb)``: activations, stage s -> s + 1, the hop's activation codec;
+- ``pp.grad`` ``(pipeline, step, mb)``: activation gradients, s -> s - 1, the hop's gradient codec;
+- ``pp.tgt`` ``(pipeline, step)``: targets, first -> last stage (only with ``targets_from_first``);
+- ``pp.tied`` ``(pipeline, step, group)``: gradient of a weight tied across stages, first <-> last, lossless.
+
+A message from another job, plan version or sender than expected is dropped
+and counted as ``foreign``; leftovers of earlier steps are discarded at the
+start of a step and counted as ``stale``. A neighbour that stays silent past
+``hop_timeout_s`` fails the step with :class:`~geotrain.errors.StageFailedError`
+naming that peer and the step. What happens to the step then: gradients of the
+failed step are dropped (``zero_grad``) and weights are as after the last
+completed step; retrying, rerouting or replanning is the caller's decision.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from geotrain.errors import ConfigError, PeerTimeoutError, StageFailedError
+from geotrain.models.stage import StageModule
+from geotrain.pipeline.config import StageConfig
+from geotrain.pipeline.hop import HopSender
+from geotrain.pipeline.schedule import make_schedule
+from geotrain.transport import Message, Transport
+
+__all__ = ["StageRuntime", "StepMetrics"]
+
+logger = logging.getLogger(__name__)
+
+KINDS = ("pp.act", "pp.grad", "pp.tgt", "pp.tied")
+
+
+@dataclass
+class StepMetrics:
+    """What one inner step cost this stage. ``bubble_fraction`` = 1 - compute_s / wall_s."""
+
+    step: int
+    stage: int
+    loss: float | None  # mean token loss; last stage only
+    tokens: int
+    wall_s: float
+    compute_s: float
+    recv_wait_s: float
+    send_busy_s: float  # sender threads' encode + hand-off time (overlaps compute)
+    bubble_fraction: float
+    bytes_sent: dict[str, int] = field(default_factory=dict)  # by destination peer
+    bytes_recv: dict[str, int] = field(default_factory=dict)  # by sending peer
+    dropped: dict[str, int] = field(default_factory=dict)  # "stale" / "foreign"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class StageRuntime:
+    """Runs one stage's part of each inner step (see the module docstring).
+
+    ``prev_peer``/``next_peer``: neighbour peer ids (None at the ends);
+    ``end_peer``: the peer of the other end stage, needed when weights are tied
+    across stages or targets travel from the first stage. The caller has
+    connected ``transport`` to all of them. ``data(step)`` returns the step's
+    ``(B, T + 1)`` batch: required on the first stage, and on the last unless
+    ``config.targets_from_first``.
+    """
+
+    def __init__(
+        self,
+        config: StageConfig,
+        *,
+        stage: StageModule,
+        transport: Transport,
+        prev_peer: str | None = None,
+        next_peer: str | None = None,
+        end_peer: str | None = None,
+        data: Callable[[int], torch.Tensor] | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+    ) -> None:
+        c = config
+        if stage.is_first != c.is_first or stage.is_last != c.is_last:
+            raise ConfigError(
+                f"stage module holds blocks {stage.layers} of {stage.num_blocks} but the config says stage "
+                f"{c.stage} of {c.num_stages}; build the stage from the plan's layer range for this stage"
+            )
+        if (prev_peer is None) != c.is_first or (next_peer is None) != c.is_last:
+            raise ConfigError("prev_peer is required except on the first stage, next_peer except on the last")
+        needs_data = c.is_first or (c.is_last and not c.targets_from_first)
+        if needs_data and data is None:
+            raise ConfigError(f"stage {c.stage} needs data(step) -> (B, T + 1) batch (first stage, or last stage "
+                              "without targets_from_first)")
+        self.tied = sorted(stage.tied_parameters(), key=lambda t: t.group)
+        talks_to_end = c.num_stages > 1 and (bool(self.tied) or (c.targets_from_first and (c.is_first or c.is_last)))
+        if talks_to_end and end_peer is None:
+            raise ConfigError("end_peer (the other end stage's peer) is required for tied weights or targets_from_first")
+        self.config, self.stage, self.transport = c, stage, transport
+        self.prev_peer, self.next_peer, self.end_peer, self.data = prev_peer, next_peer, end_peer, data
+        self.optimizer = optimizer or torch.optim.AdamW(
+            stage.parameters(), lr=c.lr, betas=c.betas, weight_decay=c.weight_decay
+        )
+        self.ops = make_schedule(
+            c.schedule, stage=c.stage, num_stages=c.num_stages, microbatches=c.microbatches,
+            max_in_flight=c.max_in_flight,
+        )
+        q, t = c.send_queue, c.hop_timeout_s
+        self._hops: dict[str, HopSender] = {}
+        if next_peer is not None:
+            self._hops[next_peer] = HopSender(transport, next_peer, codec=c.act_codec, timeout_s=t, queue_size=q)
+        if prev_peer is not None:
+            self._hops[prev_peer] = HopSender(transport, prev_peer, codec=c.grad_codec, timeout_s=t, queue_size=q)
+        if talks_to_end and end_peer is not None and end_peer not in self._hops:
+            self._hops[end_peer] = HopSender(transport, end_peer, codec="none", timeout_s=t, queue_size=q)
+        self._dropped: collections.Counter[str] = collections.Counter()
+        self._recv_bytes: collections.Counter[str] = collections.Counter()
+        self._recv_wait = 0.0
+
+    # -- the public step API ----------------------------------------------------------------------
+    def run_inner_step(self, step: int) -> StepMetrics:
+        """Forward/backward over all microbatches, sum tied gradients, optimizer step; raises StageFailedError."""
+        t0 = time.perf_counter()
+        loss, compute_s, tokens = self.forward_backward(step)
+        self.sync_tied_grads(step)
+        t1 = time.perf_counter()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        compute_s += time.perf_counter() - t1
+        return self._metrics(step, loss, tokens, compute_s, time.perf_counter() - t0)
+
+    def forward_backward(self, step: int) -> tuple[float | None, float, int]:
+        """Run the schedule for ``step``; gradients are left in ``.grad``. Returns (loss, compute seconds, tokens)."""
+        c = self.config
+        self._begin(step)
+        self.optimizer.zero_grad(set_to_none=True)
+        try:
+            return self._run_schedule(step)
+        except BaseException:
+            self.optimizer.zero_grad(set_to_none=True)  # a failed step leaves no half-accumulated gradient
+            raise
+        finally:
+            logger.debug("stage %d pipeline %d step %d done", c.stage, c.pipeline, step)
+
+    def sync_tied_grads(self, step: int) -> None:
+        """Sum the gradients of weights tied across stages with the other end's copies (both ends equal after)."""
+        if not self.tied or self.config.num_stages == 1:
+            return
+        assert self.end_peer is not None
+        for t in self.tied:
+            grad = t.param.grad if t.param.grad is not None else torch.zeros_like(t.param)
+            self._send(self.end_peer, "pp.tied", (t.group,), step, {"g": grad.detach()}, codec="none")
+        for t in self.tied:
+            theirs = self._recv("pp.tied", self.end_peer, step, (t.group,), "tied gradient")["g"]
+            if theirs.shape != t.param.shape:
+                raise StageFailedError(
+                    f"tied gradient {t.group} from {self.end_peer} has shape {tuple(theirs.shape)}, "
+                    f"expected {tuple(t.param.shape)}", peer=self.end_peer, step=step,
+                )
+            mine = t.param.grad if t.param.grad is not None else torch.zeros_like(t.param)
+            t.param.grad = mine + theirs.to(mine.dtype)  # a + b == b + a exactly: both ends stay bitwise equal
+        self._flush(step)
+
+    def close(self) -> None:
+        for hop in self._hops.values():
+            hop.close()
+
+    # -- internals --------------------------------------------------------------------------------
+    def _begin(self, step: int) -> None:
+        p = self.config.pipeline
+        for kind in KINDS:
+            n = self.transport.discard(kind, lambda tag: len(tag) >= 2 and tag[0] == p and tag[1] < step)
+            self._dropped["stale"] += n
+
+    def _run_schedule(self, step: int) -> tuple[float | None, float, int]:
+        c, m = self.config, self.config.microbatches
+        inputs: list[torch.Tensor] = []
+        targets: list[torch.Tensor] = []
+        tokens = 0
+        if c.is_first:
+            assert self.data is not None
+            batch = self.data(step)  # (B, T + 1)
+            if batch.dim() != 2 or batch.shape[0] % m:
+                raise ConfigError(f"batch of shape {tuple(batch.shape)}: its size must be a multiple of "
+                                  f"pipeline.microbatches ({m})")
+            tokens = batch.shape[0] * (batch.shape[1] - 1)
+            inputs = list(batch[:, :-1].chunk(m))
+            if c.targets_from_first and c.num_stages > 1:
+                assert self.end_peer is not None
+                self._send(self.end_peer, "pp.tgt", (), step, {"y": batch[:, 1:].contiguous()}, codec="none")
+        if c.is_last:
+            if c.targets_from_first and not c.is_first:
+                assert self.end_peer is not None
+                y = self._recv("pp.tgt", self.end_peer, step, (), "targets")["y"].long()
+            else:
+                assert self.data is not None
+                y = self.data(step)[:, 1:]
+            if y.shape[0] % m:
+                raise ConfigError(f"targets of shape {tuple(y.shape)}: size must be a multiple of microbatches ({m})")
+            tokens = y.numel()
+            targets = list(y.chunk(m))
+        held_in: dict[int, torch.Tensor] = {}
+        held_out: dict[int, torch.Tensor] = {}
+        loss_sum = 0.0
+        compute = 0.0
+        for op, i in self.ops:
+            if op == "F":
+                x = inputs[i] if c.is_first else self._recv_act(step, i)
+                t0 = time.perf_counter()
+                out = self.stage(x)
+                if c.is_last:
+                    loss = self.stage.loss(out, targets[i])
+                    loss_sum += float(loss.detach())
+                    held_out[i] = loss / m
+                else:
+                    held_out[i] = out
+                compute += time.perf_counter() - t0
+                if not c.is_first:
+                    held_in[i] = x
+                if not c.is_last:
+                    assert self.next_peer is not None
+                    self._send(self.next_peer, "pp.act", (i,), step, {"x": out.detach()})
+            else:
+                out = held_out.pop(i)
+                grad = None if c.is_last else self._recv_grad(step, i, out)
+                t0 = time.perf_counter()
+                out.backward(grad)
+                compute += time.perf_counter() - t0
+                if not c.is_first:
+                    x = held_in.pop(i)
+                    assert self.prev_peer is not None and x.grad is not None
+                    self._send(self.prev_peer, "pp.grad", (i,), step, {"g": x.grad})
+        self._flush(step)
+        return (loss_sum / m if c.is_last else None), compute, tokens
+
+    def _recv_act(self, step: int, mb: int) -> torch.Tensor:
+        assert self.prev_peer is not None
+        x = self._recv("pp.act", self.prev_peer, step, (mb,), "activations")["x"]
+        return x.requires_grad_(True) if x.is_floating_point() else x
+
+    def _recv_grad(self, step: int, mb: int, out: torch.Tensor) -> torch.Tensor:
+        assert self.next_peer is not None
+        g = self._recv("pp.grad", self.next_peer, step, (mb,), "activation gradients")["g"]
+        if g.shape != out.shape:
+            raise StageFailedError(
+                f"gradient for microbatch {mb} from {self.next_peer} has shape {tuple(g.shape)}; "
+                f"expected {tuple(out.shape)}", peer=self.next_peer, step=step,
+            )
+        return g.to(out.dtype)
+
+    def _send(
+        self, peer: str, kind: str, tag: tuple[Any, ...], step: int, tensors: dict[str, torch.Tensor],
+        codec: str | None = None,
+    ) -> None:
+        c = self.config
+        msg = Message(kind=kind, tag=(c.pipeline, step, *tag), job=c.job, plan_version=c.plan_version, step=step,
+                      tensors=tensors)
+        self._hops[peer].submit(msg, codec)
+
+    def _recv(self, kind: str, peer: str, step: int, tag: tuple[Any, ...], what: str) -> dict[str, torch.Tensor]:
+        c = self.config
+        full = (c.pipeline, step, *tag)
+        deadline = time.monotonic() + c.hop_timeout_s
+        t0 = time.perf_counter()
+        try:
+            while True:
+                for hop in self._hops.values():
+                    hop.check(step)
+                try:
+                    msg = self.transport.recv(kind, full, timeout=max(0.0, deadline - time.monotonic()))
+                except PeerTimeoutError as e:
+                    raise StageFailedError(
+                        f"stage {c.stage} of pipeline {c.pipeline}: no {what} from peer {peer} for step {step} "
+                        f"{tag} within {c.hop_timeout_s}s", peer=peer, step=step,
+                    ) from e
+                if msg.job != c.job or msg.plan_version != c.plan_version or msg.sender != peer:
+                    self._dropped["foreign"] += 1
+                    logger.debug("dropped %s from %r (job %r plan %d)", kind, msg.sender, msg.job, msg.plan_version)
+                    continue
+                self._recv_bytes[peer] += msg.nbytes
+                return msg.tensors
+        finally:
+            self._recv_wait += time.perf_counter() - t0
+
+    def _flush(self, step: int) -> None:
+        for hop in self._hops.values():
+            hop.flush(step)
+
+    def _metrics(self, step: int, loss: float | None, tokens: int, compute_s: float, wall_s: float) -> StepMetrics:
+        sent: dict[str, int] = {}
+        busy = 0.0
+        for peer, hop in self._hops.items():
+            counters = hop.take_counters()
+            sent[peer] = counters.bytes
+            busy += counters.busy_s
+        recv, self._recv_bytes = dict(self._recv_bytes), collections.Counter()
+        dropped, self._dropped = dict(self._dropped), collections.Counter()
+        wait, self._recv_wait = self._recv_wait, 0.0
+        return StepMetrics(
+            step=step, stage=self.config.stage, loss=loss, tokens=tokens, wall_s=wall_s, compute_s=compute_s,
+            recv_wait_s=wait, send_busy_s=busy, bubble_fraction=max(0.0, 1.0 - compute_s / wall_s) if wall_s else 0.0,
+            bytes_sent=sent, bytes_recv=recv, dropped=dropped,
+        )
