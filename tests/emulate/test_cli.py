@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -12,11 +10,7 @@ import pytest
 
 from geotrain.cli import main
 from geotrain.emulate.netns import list_namespaces
-
-needs_root = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
-    reason="needs root and iproute2 (ip, tc)",
-)
+from tests.emulate.support import requires_netns
 
 SCENARIO = {
     "regions": {"us": {}, "eu": {}},
@@ -44,7 +38,7 @@ def test_up_without_a_scenario_says_so(capsys: pytest.CaptureFixture[str]) -> No
 
 
 @pytest.mark.netns
-@needs_root
+@requires_netns
 def test_up_status_down(scenario: str, capsys: pytest.CaptureFixture[str]) -> None:
     try:
         assert main(["emulate", "up", "--scenario", scenario, "--tag", "tcli", "--scale", "10"]) == 0
@@ -66,7 +60,7 @@ def test_up_status_down(scenario: str, capsys: pytest.CaptureFixture[str]) -> No
 
 
 @pytest.mark.netns
-@needs_root
+@requires_netns
 def test_probe_measures_every_linked_pair(scenario: str, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["emulate", "probe", "--scenario", scenario, "--tag", "tprobe", "--scale", "20", "--probe-seconds", "1"]
     assert main(argv) == 0

@@ -7,8 +7,6 @@ emulation under its own tag, so a failed test cannot disturb the next one.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -19,14 +17,12 @@ import pytest
 from geotrain.emulate import Emulation, EmulationConfig, cleanup, status, topology_from_dict
 from geotrain.emulate.netns import list_namespaces
 from geotrain.emulate.probe import tcp_goodput
+from tests.emulate.support import requires_netns
 
 pytestmark = [
     pytest.mark.netns,
     pytest.mark.timeout(60),
-    pytest.mark.skipif(
-        os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
-        reason="needs root and iproute2 (ip, tc)",
-    ),
+    requires_netns,
 ]
 
 MBIT = 1e6 / 8  # bytes/s

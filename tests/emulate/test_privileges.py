@@ -9,6 +9,7 @@ import pytest
 
 from geotrain.emulate import Emulation, EmulationConfig, netns, topology_from_dict
 from geotrain.errors import EmulationError
+from tests.emulate.support import requires_netns
 
 TOPO = topology_from_dict({
     "regions": {"a": {}, "b": {}},
@@ -34,10 +35,7 @@ def test_run_in_before_setup_is_refused() -> None:
 
 
 @pytest.mark.netns
-@pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
-    reason="needs root and iproute2 (ip, tc)",
-)
+@requires_netns
 def test_a_failing_step_undoes_the_partial_build(monkeypatch: pytest.MonkeyPatch) -> None:
     real = netns.setup_commands
 

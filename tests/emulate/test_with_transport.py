@@ -7,8 +7,6 @@ one destination overlap in flight instead of paying the delay one by one.
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from contextlib import ExitStack
 from typing import Any
@@ -17,6 +15,7 @@ import pytest
 import torch
 
 from geotrain.emulate import Emulation, EmulationConfig, LinkEmulator, LinkEmulatorConfig, topology_from_dict
+from tests.emulate.support import requires_netns
 
 transport = pytest.importorskip("geotrain.transport.endpoint")
 from geotrain.transport.config import TransportConfig  # noqa: E402
@@ -74,10 +73,7 @@ def test_in_process_fallback_adds_delay_and_bandwidth_on_loopback() -> None:
 
 
 @pytest.mark.netns
-@pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
-    reason="needs root and iproute2 (ip, tc)",
-)
+@requires_netns
 def test_across_namespaces_kernel_shapes_bandwidth_and_the_hook_adds_delay() -> None:
     em = Emulation(EmulationConfig(topology=TOPO, tag="ttransport"))
     with em, ExitStack() as stack:
