@@ -1,0 +1,548 @@
+"""One round of a stage group: a hierarchical, deadline-bounded all-reduce with one commit point.
+
+Phases (roles from :class:`~geotrain.sync.membership.RoundRoles`; all times are
+fractions of the round deadline ``D``, from each member's own start)::
+
+    1 gather     member -> its region leader        pseudo-gradient (intra codec, error feedback)   0.30 D
+    2 offer      leader -> coordinator              which members' vectors the leader holds        0.45 D
+    3 decide     coordinator -> every leader        the counted region groups, or "discard"        0.60 D
+    4 scatter    leader -> shard owner j            shard j of the region's sum (cross codec, EF)  0.80 D
+    5 gather     owner j -> every leader            the aggregated shard j (cross codec, EF)       1.00 D
+    6 return     leader -> its region's members     the whole result, lossless                     1.10 D
+
+Only phases 4 and 5 cross regions, between one leader per region: each WAN
+link carries its shard of the fragment, O(size / ratio) per region per round.
+
+**Who agrees on what.** The coordinator alone decides the contributor set
+(phase 3): a region group whose leader's offer missed the deadline, a member
+whose vector missed its leader's deadline, and a member whose vector is
+NaN/Inf or of absurd norm (named in the log and in ``excluded``) are left out,
+and the mean is re-normalised over those counted. With fewer than
+``quorum`` of the round's members counted, the decision is "discard".
+
+**The commit point.** A member commits round ``r`` exactly when it holds the
+whole decision-stamped result (every shard). Everyone who commits applies the
+same bytes: shards are decoded from the one encoding their owner made (the
+owner uses the decoded value too), and the way back inside a region is
+lossless. Then the outer optimizer runs identically everywhere.
+
+**Failures (torchft-style, written down).** A member missing a message waits
+until its phase deadline, then asks the other members (``sync.ask``) for the
+definitive outcome until ``2 D``; a member answers only with what is final:
+"committed" with the result, or "discarded" by the coordinator.
+
+- a member dies before phase 1: its vector is missing; the round goes on without it;
+- a leader dies: its region group is not counted; its region's members learn
+  the result by asking, and keep their own progress (see below);
+- the coordinator dies before deciding: no decision exists, nobody commits,
+  every member asks in vain and discards the round at ``2 D``;
+- a shard owner dies before sending its shard to anyone: nobody holds the whole
+  result, nobody commits, the round is discarded everywhere; if it reached at
+  least one leader, the others fetch the result by asking;
+- the only way to diverge: every member that committed becomes unreachable to
+  one that did not for the whole ``2 D``. That member logs it, and its global
+  copy must then be refreshed by state transfer (``state_dict`` of a member).
+
+A discarded round changes nothing: local parameters, global copy, outer
+momentum and error-feedback residuals stay as they were, so the local progress
+goes into the next round's pseudo-gradient. A member not counted in a committed
+round applies the outer step too (to stay identical) and keeps its own
+uncounted progress on top of it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from geotrain.errors import BadContributionError, CodecError, PeerTimeoutError, TransportError
+from geotrain.sync.aggregate import Contribution, aggregate, check_contribution, screen
+from geotrain.sync.config import DiLoCoConfig
+from geotrain.sync.membership import Membership, RoundId, RoundRoles
+from geotrain.sync.payload import CARRIER, decode_payload, encode_payload
+from geotrain.transport import Message, Transport
+
+__all__ = ["RoundOutcome", "RoundRunner", "SyncStats"]
+
+logger = logging.getLogger(__name__)
+
+KINDS = ("sync.contrib", "sync.offer", "sync.decide", "sync.shard", "sync.result", "sync.final")
+
+
+@dataclass
+class RoundOutcome:
+    """What one member learnt from one round. ``delta`` is the group's pseudo-gradient ``(N,)`` when committed."""
+
+    round_id: RoundId
+    committed: bool
+    delta: torch.Tensor | None = None
+    contributors: tuple[str, ...] = ()
+    excluded: dict[str, str] = field(default_factory=dict)
+    reason: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class SyncStats:
+    """Bytes this peer handed to the data plane for rounds, split by whether they left its region."""
+
+    bytes_intra: int = 0
+    bytes_cross: int = 0
+    rounds_committed: int = 0
+    rounds_discarded: int = 0
+
+
+class RoundRunner:
+    """Runs rounds for one member (thread-safe: one thread per fragment may call :meth:`run`)."""
+
+    def __init__(
+        self,
+        config: DiLoCoConfig,
+        *,
+        transport: Transport,
+        membership: Membership,
+        numels: Sequence[int],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.transport = transport
+        self.membership = membership
+        self.me = transport.peer_id
+        self.clock = clock
+        self.numels = list(numels)
+        self.stats = SyncStats()
+        self._lock = threading.Lock()
+        self._context = ("", 0)
+        # error-feedback residuals per fragment: what this peer sent as a member, leader and owner
+        self._residual: dict[tuple[str, int], torch.Tensor] = {}
+        self._final: dict[tuple[int, int], RoundOutcome] = {}  # definitive outcomes, for sync.ask
+        self._regions: dict[str, str] = {}
+        transport.serve("sync.ask", self._answer)
+
+    def set_context(self, *, job: str, plan_version: int) -> None:
+        """Stamp outbound round messages so receivers with a transport context keep them."""
+        self._context = (job, plan_version)
+
+    # -- entry point -------------------------------------------------------------------------------
+    def run(self, round_id: RoundId, pseudo_grad: torch.Tensor) -> RoundOutcome:
+        """Take part in ``round_id`` with this member's pseudo-gradient ``(N,)``; never raises on peers' faults."""
+        t0 = self.clock()
+        members = list(self.membership.members(round_id))
+        if not any(m.peer_id == self.me for m in members):
+            return RoundOutcome(round_id, False, reason=f"{self.me} is not a member of this round")
+        roles = RoundRoles.build(members, round_id, hierarchical=self.config.hierarchical)
+        for m in members:
+            self._regions[m.peer_id] = m.region
+            if m.peer_id != self.me:
+                self.transport.connect(m.peer_id, m.address, region=m.region)
+        n = self.numels[round_id.fragment]
+        deadline = self.config.deadline_s(8 * n)
+        saved = {k: v.clone() for k, v in self._residual.items() if k[1] == round_id.fragment}
+        job = _Round(self, round_id, roles, pseudo_grad.reshape(-1).float(), n, t0, deadline)
+        try:
+            outcome = job.run()
+        except TransportError as e:  # our own endpoint failed (closed): the round cannot finish here
+            outcome = RoundOutcome(round_id, False, reason=f"transport failed: {e}")
+        outcome.seconds = self.clock() - t0
+        counted = outcome.committed and self.me in outcome.contributors
+        if not counted:
+            # what we encoded was not applied (as sent): the residuals must not pretend it was
+            for k, v in saved.items():
+                if not outcome.committed or k[0] != "owner":
+                    self._residual[k] = v
+        with self._lock:
+            if outcome.committed:
+                self.stats.rounds_committed += 1
+            else:
+                self.stats.rounds_discarded += 1
+        group, frag, number = self.config.group, round_id.fragment, round_id.number
+
+        def stale(tag: tuple[Any, ...]) -> bool:
+            return len(tag) >= 3 and tag[0] == group and tag[1] == frag and isinstance(tag[2], int) and tag[2] <= number
+
+        for kind in KINDS:  # late traffic of this and older rounds would only pile up
+            self.transport.discard(kind, stale)
+        return outcome
+
+    # -- helpers used by _Round ----------------------------------------------------------------------
+    def residual(self, role: str, fragment: int) -> torch.Tensor | None:
+        if not self.config.error_feedback:
+            return None
+        key = (role, fragment)
+        if key not in self._residual:
+            self._residual[key] = torch.zeros(self.numels[fragment])
+        return self._residual[key]
+
+    def send(self, peer: str, msg: Message, deadline: float) -> None:
+        msg.job, msg.plan_version = self._context
+        cross = self._regions.get(peer) != self._regions.get(self.me)
+        try:
+            fut = self.transport.send_async(peer, msg, codec=CARRIER, timeout=max(0.05, deadline - self.clock()))
+        except TransportError as e:
+            logger.debug("send of %s to %s failed: %s", msg.kind, peer, e)
+            return
+        fut.add_done_callback(lambda f: self._count(f, cross))
+
+    def _count(self, fut: concurrent.futures.Future[int], cross: bool) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        with self._lock:
+            if cross:
+                self.stats.bytes_cross += fut.result()
+            else:
+                self.stats.bytes_intra += fut.result()
+
+    def collect(self, kind: str, tag: tuple[Any, ...], expected: set[str], deadline: float) -> dict[str, Message]:
+        """Messages of ``kind``/``tag`` from ``expected`` senders (one each) until all came or ``deadline``."""
+        got: dict[str, Message] = {}
+        while expected - got.keys():
+            left = deadline - self.clock()
+            if left <= 0:
+                break
+            try:
+                msg = self.transport.recv(kind, tag, timeout=left)
+            except PeerTimeoutError:
+                break
+            if msg.sender in expected and msg.sender not in got:
+                got[msg.sender] = msg
+        return got
+
+    def publish(self, outcome: RoundOutcome) -> None:
+        with self._lock:
+            self._final[(outcome.round_id.fragment, outcome.round_id.number)] = outcome
+            for key in sorted(self._final)[: max(0, len(self._final) - 4 * max(1, len(self.numels)))]:
+                del self._final[key]
+
+    def _answer(self, req: Message) -> Message:
+        frag, number = req.meta.get("fragment"), req.meta.get("number")
+        with self._lock:
+            outcome = self._final.get((frag, number)) if isinstance(frag, int) and isinstance(number, int) else None
+        if outcome is None or req.meta.get("group") != self.config.group:
+            return Message("sync.answer", meta={"status": "unknown"})
+        if not outcome.committed:
+            return Message("sync.answer", meta={"status": "discarded", "reason": outcome.reason})
+        assert outcome.delta is not None
+        return Message(
+            "sync.answer",
+            meta={"status": "committed", "contributors": list(outcome.contributors)},
+            tensors={"delta": outcome.delta},
+        )
+
+    def ask(self, round_id: RoundId, roles: RoundRoles, n: int, until: float) -> RoundOutcome | None:
+        """Ask the other members for the definitive outcome of ``round_id`` until ``until``."""
+        order = [roles.coordinator] + [m for m in roles.leaders.values()] + list(roles.all_members)
+        peers = list(dict.fromkeys(m.peer_id for m in order if m.peer_id != self.me))
+        meta = {"group": self.config.group, "fragment": round_id.fragment, "number": round_id.number}
+        while self.clock() < until:
+            for peer in peers:
+                left = until - self.clock()
+                if left <= 0:
+                    break
+                try:
+                    reply = self.transport.request(peer, Message("sync.ask", meta=meta), timeout=min(1.0, left))
+                except (PeerTimeoutError, TransportError):
+                    continue
+                status = reply.meta.get("status")
+                if status == "discarded":
+                    return RoundOutcome(round_id, False, reason=f"discarded (learnt from {peer})")
+                delta = reply.tensors.get("delta")
+                contributors = reply.meta.get("contributors")
+                if status == "committed" and delta is not None and delta.numel() == n and isinstance(contributors, list):
+                    return RoundOutcome(round_id, True, delta.reshape(-1).float(), tuple(map(str, contributors)))
+            # everyone is still at work or gone: wait a little before the next pass
+            threading.Event().wait(min(0.2, max(0.0, until - self.clock())))
+        return None
+
+
+class _Round:
+    """The state machine of one round on one member (see the module docstring)."""
+
+    def __init__(
+        self, runner: RoundRunner, rid: RoundId, roles: RoundRoles, pg: torch.Tensor, n: int, t0: float, d: float
+    ) -> None:
+        self.r, self.rid, self.roles, self.pg, self.n, self.t0, self.d = runner, rid, roles, pg, n, t0, d
+        self.config = runner.config
+        self.me = runner.me
+        self.tag = (self.config.group, rid.fragment, rid.number)
+        self.group = roles.group_of(self.me)
+        self.leader = roles.leaders[self.group]
+
+    def at(self, fraction: float) -> float:
+        return self.t0 + fraction * self.d
+
+    def run(self) -> RoundOutcome:
+        try:
+            check_contribution(self.pg, sender=self.me, config=self.config)
+            own_ok, own_reason = True, ""
+        except BadContributionError as e:
+            logger.error("own %s", e)
+            own_ok, own_reason = False, str(e)
+        if self.leader.peer_id != self.me:
+            return self.run_member(own_ok, own_reason)
+        return self.run_leader(own_ok, own_reason)
+
+    # -- plain member ------------------------------------------------------------------------------
+    def run_member(self, own_ok: bool, own_reason: str) -> RoundOutcome:
+        meta: dict[str, Any] = {}
+        tensors: dict[str, torch.Tensor] = {}
+        if own_ok:
+            try:
+                residual = self.r.residual("member", self.rid.fragment)
+                entry, tensors, _ = encode_payload(self.pg, self.config.intra_codec, prefix="p", residual=residual)
+                meta["payload"] = entry
+            except CodecError as e:
+                own_ok, own_reason = False, f"cannot encode own pseudo-gradient: {e}"
+        if not own_ok:
+            meta = {"abstain": own_reason[:512]}
+        self.r.send(self.leader.peer_id, Message("sync.contrib", self.tag, meta=meta, tensors=tensors), self.at(0.3))
+        got = self.r.collect("sync.final", self.tag, {self.leader.peer_id}, self.at(1.1))
+        msg = got.get(self.leader.peer_id)
+        if msg is not None:
+            outcome = self._read_final(msg)
+            if outcome is not None:
+                return outcome
+        return self._ask()
+
+    def _read_final(self, msg: Message) -> RoundOutcome | None:
+        status = msg.meta.get("status")
+        if status == "discarded":
+            outcome = RoundOutcome(self.rid, False, reason=str(msg.meta.get("reason", "discarded")))
+            self.r.publish(outcome)
+            return outcome
+        delta, contributors = msg.tensors.get("delta"), msg.meta.get("contributors")
+        if status == "committed" and delta is not None and delta.numel() == self.n and isinstance(contributors, list):
+            raw = msg.meta.get("excluded")
+            excluded = {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
+            outcome = RoundOutcome(self.rid, True, delta.reshape(-1).float(), tuple(map(str, contributors)), excluded)
+            self.r.publish(outcome)
+            return outcome
+        return None
+
+    def _ask(self) -> RoundOutcome:
+        outcome = self.r.ask(self.rid, self.roles, self.n, self.at(2.0))
+        if outcome is None:
+            msg = f"round {self.rid} discarded here: no member held its outcome within {2 * self.d:.1f}s"
+            logger.warning("%s (if others committed, this member needs a state transfer)", msg)
+            return RoundOutcome(self.rid, False, reason=msg)
+        if outcome.committed:
+            self.r.publish(outcome)
+        return outcome
+
+    # -- region leader ------------------------------------------------------------------------------
+    def run_leader(self, own_ok: bool, own_reason: str) -> RoundOutcome:
+        region_members = self.roles.members_of(self.group)
+        others = {m.peer_id for m in region_members} - {self.me}
+        values: dict[str, torch.Tensor] = {self.me: self.pg} if own_ok else {}
+        excluded: dict[str, str] = {} if own_ok else {self.me: own_reason}
+        got = self.r.collect("sync.contrib", self.tag, others, self.at(0.3))
+        for peer in sorted(others):
+            msg = got.get(peer)
+            if msg is None:
+                excluded[peer] = f"{peer} missed the gather deadline"
+            elif "abstain" in msg.meta:
+                excluded[peer] = f"{peer} abstained: {str(msg.meta['abstain'])[:200]}"
+            else:
+                try:
+                    values[peer] = decode_payload(msg.meta.get("payload"), msg.tensors, prefix="p", sender=peer, numel=self.n)
+                except BadContributionError as e:
+                    logger.warning("%s", e)
+                    excluded[peer] = str(e)
+        accepted, bad = screen(values, config=self.config)
+        excluded.update(bad)
+        outcome = self.run_cross(accepted, excluded)
+        if outcome.committed or outcome.reason.startswith("discarded by the coordinator"):
+            self.r.publish(outcome)
+        for peer in sorted(others):
+            if outcome.committed:
+                assert outcome.delta is not None
+                meta = {"status": "committed", "contributors": list(outcome.contributors), "excluded": outcome.excluded}
+                msg = Message("sync.final", self.tag, meta=meta, tensors={"delta": outcome.delta})
+            elif outcome.reason.startswith("discarded by the coordinator"):
+                msg = Message("sync.final", self.tag, meta={"status": "discarded", "reason": outcome.reason})
+            else:
+                msg = Message("sync.final", self.tag, meta={"status": "unknown"})
+            self.r.send(peer, msg, self.at(1.1))
+        if not outcome.committed and not outcome.reason.startswith("discarded by the coordinator"):
+            asked = self._ask()
+            asked.excluded = {**excluded, **asked.excluded}
+            return asked
+        return outcome
+
+    def run_cross(self, accepted: dict[str, torch.Tensor], excluded: dict[str, str]) -> RoundOutcome:
+        """Phases 2-5 from this leader's side; returns committed, discarded-by-decision, or unknown."""
+        coordinator = self.roles.coordinator.peer_id
+        offer = {"members": sorted(accepted), "excluded": excluded}
+        decision: dict[str, Any] | None
+        if coordinator == self.me:
+            decision = self.decide(offer)
+        else:
+            self.r.send(coordinator, Message("sync.offer", self.tag, meta=offer), self.at(0.45))
+            got = self.r.collect("sync.decide", self.tag, {coordinator}, self.at(0.6))
+            decision = got[coordinator].meta if coordinator in got else None
+        if decision is None:
+            return RoundOutcome(self.rid, False, excluded=excluded, reason="no decision from the coordinator")
+        groups = decision.get("groups")
+        if decision.get("discard") or not isinstance(groups, dict) or not groups:
+            return RoundOutcome(
+                self.rid, False, excluded=excluded,
+                reason=f"discarded by the coordinator: {str(decision.get('reason', ''))[:300]}",
+            )
+        keys = sorted(k for k in groups if k in self.roles.leaders)
+        counted: dict[str, list[str]] = {k: [str(p) for p in groups[k]] for k in keys}
+        owners = [self.roles.leaders[k].peer_id for k in keys]
+        bounds = _shard_bounds(self.n, len(owners))
+        mine = self.group in counted
+        if mine and counted[self.group] != sorted(accepted):
+            # the coordinator counted what we offered; anything else means a confused peer: do not mix
+            return RoundOutcome(self.rid, False, excluded=excluded, reason="decision disagrees with our offer")
+        local = self.local_contributions(accepted) if mine else []
+        for j, owner in enumerate(owners):
+            if mine and owner != self.me:
+                self.send_shard(owner, j, bounds[j], local)
+        if self.me in owners:
+            j = owners.index(self.me)
+            self.own_shard(j, bounds[j], keys, counted, local)
+        got = self.r.collect("sync.result", self.tag, set(owners) - {self.me}, self.at(1.0))
+        shards: list[torch.Tensor] = []
+        for j, owner in enumerate(owners):
+            lo, hi = bounds[j]
+            if owner == self.me:
+                if self._my_shard.numel() != hi - lo:
+                    return RoundOutcome(self.rid, False, excluded=excluded, reason=f"own shard {j} incomplete")
+                shards.append(self._my_shard)
+                continue
+            msg = got.get(owner)
+            if msg is None or msg.meta.get("status") != "ok":
+                return RoundOutcome(self.rid, False, excluded=excluded, reason=f"shard {j} from {owner} missing")
+            try:
+                shards.append(decode_payload(msg.meta.get("payload"), msg.tensors, prefix="r", sender=owner, numel=hi - lo))
+            except BadContributionError as e:
+                return RoundOutcome(self.rid, False, excluded=excluded, reason=str(e))
+        contributors = tuple(sorted(p for ps in counted.values() for p in ps))
+        all_excluded = {**excluded, **{str(k): str(v) for k, v in dict(decision.get("excluded", {})).items()}}
+        return RoundOutcome(self.rid, True, torch.cat(shards), contributors, all_excluded)
+
+    def decide(self, own_offer: dict[str, Any]) -> dict[str, Any]:
+        """Coordinator: collect offers, pick the counted groups (or discard), tell every leader."""
+        leaders = {key: m.peer_id for key, m in self.roles.leaders.items()}
+        others = set(leaders.values()) - {self.me}
+        got = self.r.collect("sync.offer", self.tag, others, self.at(0.45))
+        by_peer = {leader: key for key, leader in leaders.items()}
+        offers = {self.group: own_offer} | {by_peer[p]: m.meta for p, m in got.items()}
+        groups: dict[str, list[str]] = {}
+        excluded: dict[str, str] = {}
+        for key in sorted(leaders):
+            offer = offers.get(key)
+            group_ids = {m.peer_id for m in self.roles.members_of(key)}
+            members = offer.get("members") if offer is not None else None
+            if offer is None:
+                for p in sorted(group_ids):
+                    excluded[p] = f"region group {key} (leader {leaders[key]}) missed the offer deadline"
+                continue
+            if not isinstance(members, list) or not set(members) <= group_ids:
+                excluded[leaders[key]] = f"leader {leaders[key]} offered members outside its group"
+                continue
+            if members:
+                groups[key] = sorted(str(p) for p in members)
+            if isinstance(offer.get("excluded"), dict):
+                excluded.update({str(k): str(v)[:300] for k, v in offer["excluded"].items()})
+        total = len(self.roles.all_members)
+        counted = sum(len(v) for v in groups.values())
+        need = max(1, math.ceil(self.config.quorum * total))
+        decision: dict[str, Any]
+        if counted < need:
+            reason = f"{counted} of {total} members counted, quorum needs {need}"
+            logger.warning("round %s discarded: %s", self.rid, reason)
+            decision = {"discard": True, "reason": reason}
+        else:
+            decision = {"groups": groups, "excluded": excluded}
+        for peer in sorted(others):
+            self.r.send(peer, Message("sync.decide", self.tag, meta=decision), self.at(0.6))
+        return decision
+
+    def local_contributions(self, accepted: dict[str, torch.Tensor]) -> list[Contribution]:
+        if self.config.aggregation == "mean":
+            total = torch.zeros(self.n, dtype=torch.float64)
+            for peer in sorted(accepted):
+                total += accepted[peer].double()
+            return [Contribution(total.float(), tuple(sorted(accepted)))]
+        return [Contribution(accepted[p], (p,)) for p in sorted(accepted)]
+
+    def send_shard(self, owner: str, j: int, bound: tuple[int, int], local: list[Contribution]) -> None:
+        lo, hi = bound
+        entries, tensors = [], {}
+        for i, c in enumerate(local):
+            # error feedback only on our own region sum; forwarded single vectors are not ours to bias
+            res = self.r.residual("leader", self.rid.fragment) if len(local) == 1 else None
+            entry, ts, _ = encode_payload(
+                c.value[lo:hi], self.config.cross_codec, prefix=f"c{i}", residual=None if res is None else res[lo:hi]
+            )
+            entries.append({**entry, "members": list(c.members)})
+            tensors.update(ts)
+        self.r.send(owner, Message("sync.shard", (*self.tag, j), meta={"payloads": entries}, tensors=tensors), self.at(0.8))
+
+    def own_shard(
+        self, j: int, bound: tuple[int, int], keys: list[str], counted: dict[str, list[str]], local: list[Contribution]
+    ) -> None:
+        """Shard owner: aggregate shard ``j`` over the counted groups, send it to every leader."""
+        lo, hi = bound
+        senders = {self.roles.leaders[k].peer_id: k for k in keys if k != self.group}
+        got = self.r.collect("sync.shard", (*self.tag, j), set(senders), self.at(0.8))
+        contributions: list[Contribution] = [Contribution(c.value[lo:hi], c.members) for c in local]
+        ok = True
+        for peer, key in sorted(senders.items(), key=lambda kv: kv[1]):
+            msg = got.get(peer)
+            entries = msg.meta.get("payloads") if msg is not None else None
+            if not isinstance(entries, list) or not entries:
+                ok = False
+                break
+            assert msg is not None
+            theirs: list[Contribution] = []
+            try:
+                for i, entry in enumerate(entries):
+                    members = entry.get("members") if isinstance(entry, dict) else None
+                    if not isinstance(members, list) or not members:
+                        raise BadContributionError(f"shard from {peer} lacks its member list", sender=peer)
+                    value = decode_payload(entry, msg.tensors, prefix=f"c{i}", sender=peer, numel=hi - lo)
+                    if not bool(torch.isfinite(value).all()):
+                        raise BadContributionError(f"shard from leader {peer} holds NaN/Inf", sender=peer)
+                    theirs.append(Contribution(value, tuple(str(p) for p in members)))
+            except BadContributionError as e:
+                logger.warning("%s", e)
+                ok = False
+                break
+            if sorted(p for c in theirs for p in c.members) != counted[key]:
+                logger.warning("shard from %s covers other members than the decision counted", peer)
+                ok = False
+                break
+            contributions.extend(theirs)
+        leaders = sorted({m.peer_id for m in self.roles.leaders.values()} - {self.me})
+        if not ok:
+            for peer in leaders:
+                self.r.send(peer, Message("sync.result", self.tag, meta={"status": "failed"}), self.at(1.0))
+            self._my_shard = torch.empty(0)
+            return
+        contributions.sort(key=lambda c: c.members)
+        agg = aggregate(contributions, config=self.config)  # (hi - lo,)
+        res = self.r.residual("owner", self.rid.fragment)
+        entry, tensors, decoded = encode_payload(
+            agg, self.config.cross_codec, prefix="r", residual=None if res is None else res[lo:hi]
+        )
+        self._my_shard = decoded
+        for peer in leaders:
+            self.r.send(peer, Message("sync.result", self.tag, meta={"status": "ok", "payload": entry}, tensors=tensors),
+                        self.at(1.0))
+
+
+def _shard_bounds(n: int, parts: int) -> list[tuple[int, int]]:
+    """``parts`` contiguous, near-equal slices of ``range(n)``."""
+    edges = [(n * i) // parts for i in range(parts + 1)]
+    return [(edges[i], edges[i + 1]) for i in range(parts)]
