@@ -22,6 +22,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -65,18 +66,56 @@ def list_namespaces(prefix: str = NS_PREFIX) -> list[str]:
     return sorted(n for n in names if n.startswith(prefix))
 
 
+def _end_processes_in(names: Sequence[str], grace_s: float = 3.0) -> int:
+    """SIGTERM every process inside the namespaces ``names``, SIGKILL what is left after ``grace_s``.
+
+    Only processes in this emulation's own namespaces are touched: they were
+    started there by it, or by a user into it, and would otherwise outlive it.
+    """
+    pids: set[int] = set()
+    for name in names:
+        pids.update(int(p) for p in _run(["ip", "netns", "pids", name]).split() if p.isdigit())
+    pids.discard(os.getpid())
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    left = set(pids)
+    while left and time.monotonic() < deadline:
+        left = {p for p in left if _alive(p)}
+        if left:
+            time.sleep(0.05)  # polling other processes' exit: there is no event to wait on
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return len(pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0) but has ended; reaping it is its parent's business (Popen.wait)
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def cleanup(tag: str) -> list[str]:
-    """Delete every ``gt-<tag>-*`` namespace (their veths go with them); return the names deleted."""
+    """End processes inside and delete every ``gt-<tag>-*`` namespace (veths go with them); return their names."""
     check_privileges()
     if not re.match(r"^[a-z0-9]{1,12}$", tag):
         raise EmulationError(f"tag must be 1-12 lowercase letters or digits; got {tag!r}")
-    deleted = []
-    for name in list_namespaces(f"{NS_PREFIX}{tag}-"):
+    names = list_namespaces(f"{NS_PREFIX}{tag}-")
+    ended = _end_processes_in(names) if names else 0
+    for name in names:
         _run(["ip", "netns", "del", name])
-        deleted.append(name)
-    if deleted:
-        logger.info("removed namespaces %s", deleted)
-    return deleted
+    if names:
+        logger.info("removed namespaces %s (ended %d processes inside)", names, ended)
+    return names
 
 
 class Emulation:

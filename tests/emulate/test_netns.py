@@ -119,13 +119,19 @@ def test_setup_removes_stale_namespaces_of_its_tag_only() -> None:
     # what a crashed run leaves behind: namespaces of the tag (even a region no longer in the scenario)
     for name in ("gt-tstale-a", "gt-tstale-gone", "gt-tother-a"):
         subprocess.run(["ip", "netns", "add", name], check=True, timeout=10)
+    # and a process the crashed run had started inside one of them
+    orphan = subprocess.Popen(["ip", "netns", "exec", "gt-tstale-gone", "sleep", "600"], start_new_session=True)
     try:
         em = Emulation(EmulationConfig(topology=TOPO, tag="tstale")).setup()
+        assert orphan.wait(timeout=10) is not None  # ended by the stale cleanup
         assert "gt-tstale-gone" not in list_namespaces("gt-tstale-")
         assert list_namespaces("gt-tother-") == ["gt-tother-a"]  # another tag is not ours to touch
         assert bulk(em, "a", "b", 600_000) > 0  # the fresh build works over the leftovers' names
         em.teardown()
         assert list_namespaces("gt-tstale-") == []
     finally:
+        if orphan.poll() is None:
+            orphan.kill()
+            orphan.wait(timeout=10)
         cleanup("tother")
         cleanup("tstale")
