@@ -1,0 +1,115 @@
+"""``geotrain peer``: join a swarm and train whatever stage the plan gives this peer.
+
+Prints JSON lines: ``{"event": "ready", "peer_id", "region", "endpoint", "maddrs", "tflops", ...}``
+once joined, then events (``links``, ``plan``, ``stalled``, ``done``, ``stopped``).
+SIGINT/SIGTERM stop it cleanly (its DHT process and ``p2pd`` with it).
+
+``--emulate SCENARIO`` adds the scenario's one-way delay (and, with
+``--emulate-bandwidth``, its bandwidth) to every message this peer sends to
+another region: link emulation for trying multi-region jobs on one machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from types import FrameType
+from typing import Any
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("peer", help="join a swarm and train", description=__doc__)
+    p.add_argument("--initial-peers", nargs="+", required=True, metavar="MADDR", help="bootstrap multiaddrs")
+    p.add_argument("--region", required=True, help="this peer's region label, e.g. eu-west")
+    p.add_argument("--price", type=float, default=0.0, metavar="USD_PER_HOUR", help="what this peer costs per hour")
+    p.add_argument("--identity", default=None, help="key file (created if missing) so a restart keeps the peer id")
+    p.add_argument("--host", default="127.0.0.1", help="address for the DHT and the data plane (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=0, help="data-plane port (default 0: any free port)")
+    p.add_argument("--swarm", default="geotrain", help="swarm name (DHT key prefix)")
+    p.add_argument("--device", default="cpu", help="torch device: cpu (default), cuda, cuda:N, auto")
+    p.add_argument("--job", default=None, help="follow only this job id (default: the newest job)")
+    p.add_argument("--heartbeat", type=float, default=5.0, metavar="S", help="heartbeat period (record expires after 3)")
+    p.add_argument("--probe-every", type=float, default=60.0, metavar="S", help="re-probe links this often")
+    p.add_argument("--emulate", default=None, metavar="SCENARIO", help="emulate the scenario's inter-region delays")
+    p.add_argument("--emulate-bandwidth", action="store_true", help="with --emulate: also shape bandwidth in the transport")
+    p.add_argument("--emulate-scale", type=float, default=1.0, help="divide emulated bandwidths by this")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.set_defaults(handler=_run)
+
+
+def _emit(event: dict[str, Any]) -> None:
+    print(json.dumps(event, default=str), flush=True)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import torch
+
+    from geotrain.errors import GeotrainError
+    from geotrain.peers.agent import AgentConfig, PeerAgent
+    from geotrain.peers.identity import Identity
+    from geotrain.swarm import Swarm, SwarmConfig
+    from geotrain.transport import Transport, TransportConfig
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    stop = threading.Event()
+    agent_ref: list[PeerAgent] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+        for a in agent_ref:
+            a.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    emulator = None
+    if args.emulate:
+        from geotrain.emulate import LinkEmulator, LinkEmulatorConfig, load_topology
+
+        topo = load_topology(args.emulate)
+        emulator = LinkEmulator(
+            LinkEmulatorConfig.from_topology(
+                topo, args.region, scale=args.emulate_scale, shape_bandwidth=args.emulate_bandwidth
+            )
+        )
+    identity = Identity.load_or_create(args.identity) if args.identity else None
+    config = SwarmConfig(
+        initial_peers=tuple(args.initial_peers), host=args.host, swarm=args.swarm, heartbeat_s=args.heartbeat
+    )
+    with Swarm(config, identity=identity) as swarm:
+        transport = Transport(TransportConfig(host=args.host, port=args.port), peer_id=swarm.peer_id,
+                              region=args.region, emulator=emulator).start()
+        try:
+            agent = PeerAgent(
+                AgentConfig(region=args.region, usd_per_hour=args.price, device=args.device, job_id=args.job,
+                            probe_every_s=args.probe_every),
+                swarm=swarm,
+                transport=transport,
+                emit=_emit,
+            )
+            agent_ref.append(agent)
+            if stop.is_set():
+                return 0
+            record = agent.start()
+            _emit({
+                "event": "ready",
+                "peer_id": swarm.peer_id,
+                "region": args.region,
+                "endpoint": transport.address,
+                "maddrs": swarm.visible_maddrs(),
+                "tflops": record.flops / 1e12,
+                "device": record.device,
+                "emulated": bool(emulator),
+            })
+            code = agent.run()
+        except GeotrainError as e:
+            print(f"geotrain peer: error: {e}", file=sys.stderr)
+            return 2
+        finally:
+            transport.close()
+    _emit({"event": "stopped", "peer_id": config and swarm.peer_id})
+    return code

@@ -1,0 +1,120 @@
+"""``geotrain run JOB.toml --initial-peers MADDR``: the coordinator of one job.
+
+Publishes the job (signed), waits for ``swarm.min_peers`` peers, plans from
+their measured compute and links, publishes the plan, shows a live view,
+replans on churn and writes the report (``report.json`` + PNG plots) into
+``--report-dir`` (default ``runs/<job id>``). With ``--json`` every event is a
+JSON line instead of the live view; the last one is ``{"event": "report", ...}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="launch a job on a swarm and report", description=__doc__)
+    p.add_argument("job", help="job file (TOML); see docs/job.md")
+    p.add_argument("--initial-peers", nargs="+", required=True, metavar="MADDR", help="bootstrap multiaddrs")
+    p.add_argument("--job-id", default=None, help="job id (default: <job.name>-<time>); reuse it to reattach")
+    p.add_argument("--identity", default=None, help="key file; reuse it to reattach after a restart")
+    p.add_argument("--report-dir", default=None, help="where report.json and plots go (default runs/<job id>)")
+    p.add_argument("--host", default="127.0.0.1", help="address for the DHT and data plane")
+    p.add_argument("--swarm", default="geotrain", help="swarm name (DHT key prefix)")
+    p.add_argument("--egress", type=float, default=0.02, metavar="USD_PER_GB", help="egress price between regions")
+    p.add_argument("--json", action="store_true", help="JSON lines instead of the live view")
+    p.set_defaults(handler=_run)
+
+
+def run_coordinator(
+    job_path: str | Path,
+    *,
+    initial_peers: list[str],
+    job_id: str | None = None,
+    identity_path: str | None = None,
+    report_dir: str | Path | None = None,
+    host: str = "127.0.0.1",
+    swarm_name: str = "geotrain",
+    egress_usd_per_gb: float = 0.02,
+    emit: Any = None,
+    stop: threading.Event | None = None,
+    job: Any = None,
+) -> dict[str, Any]:
+    """Run one job to its end and return the report (used by ``geotrain run`` and ``geotrain demo``)."""
+    from geotrain.config import load_job
+    from geotrain.coordinator import Coordinator, CoordinatorConfig
+    from geotrain.peers.identity import Identity
+    from geotrain.swarm import Swarm, SwarmConfig
+    from geotrain.transport import Transport, TransportConfig
+
+    spec = job if job is not None else load_job(job_path)
+    job_id = job_id or f"{spec.job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = Path(report_dir) if report_dir else Path(spec.report.dir) / job_id
+    identity = Identity.load_or_create(identity_path) if identity_path else None
+    config = SwarmConfig(initial_peers=tuple(initial_peers), host=host, swarm=swarm_name)
+    with Swarm(config, identity=identity) as swarm:
+        transport = Transport(TransportConfig(host=host), peer_id=swarm.peer_id, region="coordinator").start()
+        try:
+            coord = Coordinator(
+                CoordinatorConfig(job_id=job_id, report_dir=out,
+                                  egress_usd_per_gb={"*": egress_usd_per_gb}),
+                spec,
+                swarm=swarm,
+                transport=transport,
+                emit=emit,
+            )
+            if stop is not None:
+                threading.Thread(target=lambda: (stop.wait(), coord.stop()), daemon=True).start()
+            return coord.run()
+        finally:
+            transport.close()
+
+
+def _run(args: argparse.Namespace) -> int:
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    kwargs: dict[str, Any] = dict(
+        initial_peers=args.initial_peers, job_id=args.job_id, identity_path=args.identity,
+        report_dir=args.report_dir, host=args.host, swarm_name=args.swarm, egress_usd_per_gb=args.egress, stop=stop,
+    )
+    if args.json:
+        report = run_coordinator(args.job, emit=lambda e: print(json.dumps(e, default=str), flush=True), **kwargs)
+    else:
+        from geotrain.coordinator.live import LiveView
+
+        with LiveView() as view:
+            report = run_coordinator(args.job, emit=view, **kwargs)
+        print_summary(report)
+    return 0 if report["summary"].get("val_loss_final") is not None or report["loss"] else 1
+
+
+def print_summary(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    s = report["summary"]
+    t = Table(title=f"job {s['job_id']}: summary")
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:,.4g}"
+        return "-" if v is None else f"{v:,}" if isinstance(v, int) else str(v)
+
+    for k, v in s.items():
+        t.add_row(k, fmt(v))
+    Console().print(t)

@@ -1,0 +1,410 @@
+"""The coordinator: publishes a job, plans it on the live swarm, watches it, replans on churn, reports.
+
+The coordinator holds no training state. Peers train from the plan on the DHT;
+if the coordinator dies, they go on with the current plan until its stop
+step. A restarted coordinator (same identity) reattaches: it reads the newest
+plan version it published and carries on from there, never publishing the same
+version twice.
+
+Replanning: a peer of the current plan whose record has expired is dead. The
+coordinator waits ``replan_grace_s`` (a short blip is not a death), then plans
+again on the live peers; the new version restarts every pipeline at the last
+round boundary that all live peers have committed, so no round is applied
+twice or half. A peer that joins is folded in at the next plan version (after
+``join_grace_s``, so a burst of joiners costs one replan).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from geotrain.config import JobSpec
+from geotrain.coordinator.planning import egress_price, make_plan
+from geotrain.coordinator.report import write_report
+from geotrain.errors import GeotrainError, InfeasiblePlanError, SwarmError
+from geotrain.plan import JobPlan
+from geotrain.swarm import Swarm
+from geotrain.swarm.records import JobRecord, PeerRecord, PlanRecord, ProgressRecord
+from geotrain.transport import Transport
+
+logger = logging.getLogger(__name__)
+
+Emit = Callable[[dict[str, Any]], None]
+DONE = 2.0  # ProgressRecord.stats["status"] of a peer that reached the stop step
+
+
+@dataclass(frozen=True, kw_only=True)
+class CoordinatorConfig:
+    job_id: str
+    report_dir: Path
+    poll_s: float = 1.0
+    replan_grace_s: float = 3.0
+    join_grace_s: float = 5.0
+    finish_timeout_s: float = 120.0
+    links_wait_s: float = 30.0
+    egress_usd_per_gb: dict[str, float] = field(default_factory=dict)
+    evaluate: bool = True
+
+
+@dataclass
+class _Run:
+    started: float
+    plans: list[dict[str, Any]] = field(default_factory=list)
+    loss: list[dict[str, Any]] = field(default_factory=list)
+    validation: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    throughput: list[dict[str, Any]] = field(default_factory=list)
+    seen_peers: dict[str, PeerRecord] = field(default_factory=dict)
+    last_progress: dict[str, ProgressRecord] = field(default_factory=dict)
+    in_plan_s: dict[str, float] = field(default_factory=dict)  # seconds each peer spent in a plan
+    compute_s: dict[str, float] = field(default_factory=dict)
+    seen_loss: set[tuple[str, int]] = field(default_factory=set)
+
+
+class Coordinator:
+    """One job's coordinator. ``run()`` blocks until the job ends and returns the report dict."""
+
+    def __init__(
+        self,
+        config: CoordinatorConfig,
+        job: JobSpec,
+        *,
+        swarm: Swarm,
+        transport: Transport | None = None,
+        emit: Emit | None = None,
+    ) -> None:
+        self.config = config
+        self.job = job
+        self.swarm = swarm
+        self.transport = transport
+        self._emit = emit or (lambda e: None)
+        self._stop = threading.Event()
+        self.plan: JobPlan | None = None
+        self._run = _Run(started=time.time())
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _t(self) -> float:
+        return time.time() - self._run.started
+
+    def _event(self, kind: str, **fields: Any) -> None:
+        e = {"t_s": round(self._t(), 3), "kind": kind, **fields}
+        self._run.events.append(e)
+        self._emit({"event": kind, **fields})
+
+    # -- phases -----------------------------------------------------------------------------------
+    def publish_job(self) -> None:
+        rec = JobRecord(job_id=self.config.job_id, spec=self.job.to_dict(), published_at=time.time())
+        self.swarm.publish_job(rec)
+
+    def wait_for_peers(self) -> dict[str, PeerRecord]:
+        """Block until ``swarm.min_peers`` live peers have published links to each other."""
+        need = self.job.swarm.min_peers
+        deadline = time.monotonic() + self.job.swarm.wait_peers_s
+        announced: set[str] = set()
+        links_since: float | None = None
+        while not self._stop.is_set():
+            peers = self.swarm.get_peers()
+            for pid, rec in peers.items():
+                if pid not in announced:
+                    announced.add(pid)
+                    self._run.seen_peers[pid] = rec
+                    self._event("join", peer_id=pid, region=rec.region, device=rec.device, tflops=rec.flops / 1e12)
+            if len(peers) >= need:
+                links = self.swarm.get_links()
+                complete = all(
+                    pid in links and set(peers) - {pid} <= set(links[pid].links) for pid in peers
+                )
+                links_since = links_since or time.monotonic()
+                if complete or time.monotonic() - links_since > self.config.links_wait_s:
+                    return peers
+            if time.monotonic() > deadline:
+                raise SwarmError(
+                    f"only {len(peers)} of the {need} peers this job needs (swarm.min_peers) joined within "
+                    f"{self.job.swarm.wait_peers_s:.0f}s; start more `geotrain peer`s or lower swarm.min_peers"
+                )
+            self._stop.wait(self.config.poll_s)
+        raise SwarmError("stopped while waiting for peers")
+
+    def _next_version(self) -> int:
+        mine = self.swarm.latest_plan(job_id=self.config.job_id, publisher=self.swarm.peer_id)
+        return max(mine.version if mine else 0, self.plan.version if self.plan else 0) + 1
+
+    def publish_plan(self, peers: dict[str, PeerRecord], *, start_step: int, reason: str) -> JobPlan:
+        links = self.swarm.get_links()
+        version = self._next_version()
+        plan, planner_json = make_plan(
+            self.job,
+            self.config.job_id,
+            version=version,
+            peers=peers,
+            links=links,
+            start_step=start_step,
+            stop_step=self.job.stop.steps,
+            egress_usd_per_gb=self.config.egress_usd_per_gb,
+        )
+        self.swarm.publish_plan(
+            PlanRecord(job_id=self.config.job_id, version=version, plan=plan.to_dict(), published_at=time.time())
+        )
+        self.plan = plan
+        self._run.plans.append(
+            {
+                "version": version,
+                "t_s": round(self._t(), 3),
+                "reason": reason,
+                "pipelines": plan.to_dict()["pipelines"],
+                "spares": list(plan.spares),
+                "predicted": dict(plan.predicted),
+                "baselines": planner_json.get("baselines", {}),
+                "start_step": start_step,
+            }
+        )
+        self._event("replan" if version > 1 else "plan", version=version, reason=reason,
+                    pipelines=len(plan.pipelines), stages=[len(p) for p in plan.pipelines],
+                    predicted_tokens_per_s=plan.predicted.get("tokens_per_s"))
+        return plan
+
+    def reattach(self) -> JobPlan | None:
+        """Pick up the newest plan this coordinator published (after a restart)."""
+        rec = self.swarm.latest_plan(job_id=self.config.job_id, publisher=self.swarm.peer_id)
+        if rec is None:
+            return None
+        self.plan = JobPlan.from_dict(rec.plan)
+        self._event("reattach", version=self.plan.version)
+        return self.plan
+
+    # -- the watch loop ---------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        self._event("start", job_id=self.config.job_id)
+        self.publish_job()
+        if self.reattach() is None:
+            peers = self.wait_for_peers()
+            self.publish_plan(peers, start_step=0, reason="initial")
+        assert self.plan is not None
+        last_job_publish = time.monotonic()
+        missing_since: dict[str, float] = {}
+        joiner_since: float | None = None
+        last_tick = time.time()
+        finish_deadline: float | None = None
+        while not self._stop.is_set():
+            self._stop.wait(self.config.poll_s)
+            now = time.time()
+            dt, last_tick = now - last_tick, now
+            if time.monotonic() - last_job_publish > self.swarm.config.record_ttl_s / 3:
+                self.publish_job()
+                plan_rec = PlanRecord(job_id=self.config.job_id, version=self.plan.version,
+                                      plan=self.plan.to_dict(), published_at=time.time())
+                self.swarm.publish_plan(plan_rec)
+                last_job_publish = time.monotonic()
+            try:
+                peers = self.swarm.get_peers()
+                progress = self.swarm.get_progress()
+            except GeotrainError as e:
+                logger.info("DHT read failed: %s", e)
+                continue
+            self._account(peers, progress, dt)
+            plan_peers = set(self.plan.peers)
+            # deaths
+            for pid in plan_peers:
+                if pid not in peers:
+                    missing_since.setdefault(pid, time.monotonic())
+                else:
+                    missing_since.pop(pid, None)
+            dead = [p for p, t in missing_since.items() if time.monotonic() - t > self.config.replan_grace_s]
+            # joiners
+            joiners = [p for p in peers if p not in plan_peers and p not in self.plan.spares]
+            for p in joiners:
+                if p not in self._run.seen_peers:
+                    self._run.seen_peers[p] = peers[p]
+                    self._event("join", peer_id=p, region=peers[p].region, device=peers[p].device)
+            joiner_since = (joiner_since or time.monotonic()) if joiners else None
+            done = self._done(progress)
+            if done:
+                break
+            if dead or (joiner_since is not None and time.monotonic() - joiner_since > self.config.join_grace_s):
+                for p in dead:
+                    self._event("death", peer_id=p)
+                    missing_since.pop(p, None)
+                start = self._restart_step(progress, peers)
+                try:
+                    self.publish_plan(peers, start_step=start, reason="death" if dead else "join")
+                except InfeasiblePlanError as e:
+                    self._event("error", message=f"cannot replan: {e}")
+                joiner_since = None
+            if self._stop_reached(progress) and finish_deadline is None:
+                finish_deadline = time.monotonic() + self.config.finish_timeout_s
+                self._request_stop(progress)
+            if finish_deadline is not None and time.monotonic() > finish_deadline:
+                self._event("error", message="peers did not report done before the finish timeout")
+                break
+        return self.finish()
+
+    def _account(self, peers: dict[str, PeerRecord], progress: dict[str, ProgressRecord], dt: float) -> None:
+        assert self.plan is not None
+        r = self._run
+        for pid in self.plan.peers:
+            if pid in peers:
+                r.in_plan_s[pid] = r.in_plan_s.get(pid, 0.0) + dt
+        fresh = []
+        for pid, pr in progress.items():
+            if pr.job_id != self.config.job_id:
+                continue
+            r.last_progress[pid] = pr
+            if pr.loss is not None and (pid, pr.step) not in r.seen_loss:
+                r.seen_loss.add((pid, pr.step))
+                fresh.append(pr)
+        # tokens trained by the whole swarm: each pipeline's last stage counts its own
+        tokens = sum(p.tokens for p in r.last_progress.values() if p.loss is not None)
+        for pr in fresh:
+            r.loss.append({"t_s": round(self._t(), 3), "step": pr.step, "tokens": tokens, "loss": pr.loss,
+                           "peer": pr.peer_id})
+        r.throughput.append({"t_s": round(self._t(), 3), "tokens": tokens})
+        if len(r.throughput) > 1:
+            a, b = r.throughput[-2], r.throughput[-1]
+            b["tokens_per_s"] = max(0.0, (b["tokens"] - a["tokens"]) / max(b["t_s"] - a["t_s"], 1e-9))
+        else:
+            r.throughput[-1]["tokens_per_s"] = 0.0
+        self._emit({"event": "progress", "t_s": round(self._t(), 1), "tokens": tokens,
+                    "peers": {pid: {"step": p.step, "loss": p.loss, "round": p.round,
+                                    "status": p.stats.get("status")} for pid, p in r.last_progress.items()}})
+
+    def _restart_step(self, progress: dict[str, ProgressRecord], peers: dict[str, PeerRecord]) -> int:
+        """A round boundary no live peer of the plan has passed: the next plan starts there.
+
+        Every peer restarts from its group's committed global parameters, so
+        the step only fixes the data position and the round schedule; any
+        multiple of ``sync.every`` keeps every group's rounds aligned.
+        """
+        assert self.plan is not None
+        steps = [p.step for pid, p in progress.items()
+                 if pid in peers and pid in set(self.plan.peers) and p.plan_version == self.plan.version]
+        every = self.job.sync.every
+        return max(self.plan.start_step, (min(steps) // every) * every if steps else self.plan.start_step)
+
+    def _done(self, progress: dict[str, ProgressRecord]) -> bool:
+        assert self.plan is not None
+        stop = self.plan.stop_step
+        if stop is None:
+            return False
+        ps = [progress.get(pid) for pid in self.plan.peers]
+        return all(p is not None and p.plan_version == self.plan.version and p.stats.get("status") == DONE for p in ps)
+
+    def _stop_reached(self, progress: dict[str, ProgressRecord]) -> bool:
+        s = self.job.stop
+        tokens = self._run.throughput[-1]["tokens"] if self._run.throughput else 0
+        if s.tokens is not None and tokens >= s.tokens:
+            return True
+        if s.wall_s is not None and self._t() >= s.wall_s:
+            return True
+        return s.usd is not None and self._usd()["total"] >= s.usd
+
+    def _request_stop(self, progress: dict[str, ProgressRecord]) -> None:
+        """Stop early (tokens / wall time / budget): same pipelines, stop a little after the furthest step."""
+        assert self.plan is not None
+        furthest = max((p.step for p in progress.values() if p.job_id == self.config.job_id), default=0)
+        stop_at = furthest + 2
+        if self.plan.stop_step is not None and self.plan.stop_step <= stop_at:
+            return
+        d = self.plan.to_dict()
+        d["version"] = self._next_version()
+        d["stop_step"] = stop_at
+        d["start_step"] = self.plan.start_step
+        new = JobPlan.from_dict(d)
+        self.swarm.publish_plan(PlanRecord(job_id=self.config.job_id, version=new.version, plan=d, published_at=time.time()))
+        self.plan = new
+        self._event("stop", version=new.version, stop_step=stop_at)
+
+    # -- money and the report ---------------------------------------------------------------------
+    def _usd(self) -> dict[str, Any]:
+        r = self._run
+        per_peer = {pid: r.in_plan_s.get(pid, 0.0) / 3600 * rec.usd_per_hour for pid, rec in r.seen_peers.items()}
+        egress = 0.0
+        pairs = self._bytes_by_region_pair()
+        for key, n in pairs.items():
+            a, b = key.split("->")
+            if a != b:
+                egress += n / 1e9 * egress_price(self.config.egress_usd_per_gb, a)
+        compute = sum(per_peer.values())
+        return {"compute": compute, "egress": egress, "total": compute + egress, "per_peer": per_peer}
+
+    def _bytes_by_region_pair(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for pid, pr in self._run.last_progress.items():
+            src = self._run.seen_peers.get(pid)
+            if src is None:
+                continue
+            for k, v in pr.stats.items():
+                if k.startswith("to:"):
+                    key = f"{src.region}->{k[3:]}"
+                    out[key] = out.get(key, 0.0) + v
+        return out
+
+    def finish(self) -> dict[str, Any]:
+        r = self._run
+        wall = self._t()
+        tokens = r.throughput[-1]["tokens"] if r.throughput else 0
+        if self.config.evaluate and self.plan is not None and self.transport is not None:
+            from geotrain.coordinator.evaluate import evaluate_plan
+
+            try:
+                r.validation.extend(evaluate_plan(self.job, self.plan, self.transport, t_s=round(wall, 3), tokens=tokens))
+            except GeotrainError as e:
+                self._event("error", message=f"final evaluation failed: {e}")
+        pairs = self._bytes_by_region_pair()
+        cross = sum(v for k, v in pairs.items() if k.split("->")[0] != k.split("->")[1])
+        usd = self._usd()
+        util = {
+            pid: min(1.0, pr.stats.get("compute_s", 0.0) / max(r.in_plan_s.get(pid, 0.0), 1e-9))
+            for pid, pr in r.last_progress.items()
+        }
+        val = [v for v in r.validation if v.get("loss") is not None]
+        summary = {
+            "job_id": self.config.job_id,
+            "wall_s": round(wall, 2),
+            "tokens": tokens,
+            "tokens_per_s": tokens / wall if wall > 0 else 0.0,
+            "plan_versions": len(r.plans),
+            "deaths": sum(1 for e in r.events if e["kind"] == "death"),
+            "train_loss_first": r.loss[0]["loss"] if r.loss else None,
+            "train_loss_last": r.loss[-1]["loss"] if r.loss else None,
+            "val_loss_initial": val[0]["loss"] if val else None,
+            "val_loss_final": val[-1]["loss"] if val else None,
+            "cross_region_bytes": cross,
+            "total_bytes": sum(pr.bytes_sent for pr in r.last_progress.values()),
+            "usd_total": usd["total"],
+            "usd_per_mtok": usd["total"] / (tokens / 1e6) if tokens else math.nan,
+            "predicted_tokens_per_s": self.plan.predicted.get("tokens_per_s") if self.plan else None,
+        }
+        report = {
+            "job": self.job.to_dict(),
+            "started_at": r.started,
+            "finished_at": time.time(),
+            "wall_s": wall,
+            "peers": [
+                {"peer_id": pid, "region": rec.region, "device": rec.device, "tflops": rec.flops / 1e12,
+                 "usd_per_hour": rec.usd_per_hour}
+                for pid, rec in r.seen_peers.items()
+            ],
+            "plans": r.plans,
+            "loss": r.loss,
+            "validation": r.validation,
+            "throughput": {"tokens": tokens, "tokens_per_s": summary["tokens_per_s"], "samples": r.throughput},
+            "utilisation": util,
+            "bytes": {"by_region_pair": pairs, "cross_region": cross, "total": summary["total_bytes"]},
+            "usd": usd,
+            "events": r.events,
+            "checkpoints": {"dir": self.job.checkpoint.dir,
+                            "last_round": max((p.round for p in r.last_progress.values()), default=0)},
+            "summary": summary,
+        }
+        path = write_report(self.config.report_dir, report)
+        self._emit({"event": "report", "path": str(path), "summary": summary})
+        return report

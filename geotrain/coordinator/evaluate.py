@@ -1,0 +1,86 @@
+"""Validation loss of the *global* model: the coordinator assembles it from the stage groups.
+
+The global model is what the swarm agrees on (each stage group's committed
+global parameters); it is the model a checkpoint holds. The coordinator pulls
+each block range from a member of its group over the data plane (verified by
+size and hash, like a joiner's transfer), stitches the whole model together
+and evaluates it on the job's fixed validation batches. The seeded initial
+model is evaluated the same way, so the report shows what training bought.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from geotrain.config import JobSpec
+from geotrain.errors import StateTransferError
+from geotrain.models import build_stage
+from geotrain.peers.state import StageState, fetch_state
+from geotrain.plan import JobPlan
+from geotrain.transport import Transport
+
+logger = logging.getLogger(__name__)
+
+
+@torch.no_grad()
+def validation_loss(job: JobSpec, params: dict[str, torch.Tensor] | None = None) -> float:
+    """Mean token loss of the whole model (seeded, or with ``params`` loaded) on the validation batches."""
+    from geotrain.peers.worker import dataset_for
+
+    seed = job.job.seed
+    model = job.model.block_model(seed)
+    full = build_stage(model, (0, model.num_blocks), seed)
+    if params is not None:
+        own = dict(full.named_parameters())
+        missing = [n for n in own if n not in params]
+        if missing:
+            raise StateTransferError(f"assembled model lacks {len(missing)} parameters, e.g. {missing[:3]}")
+        for n, p in own.items():
+            p.copy_(params[n].to(p.dtype).view_as(p))
+    full.eval()
+    ds = dataset_for(job)
+    batches = ds.val_batches(
+        batch_size=job.pipeline.micro_batch_size, seq_len=job.model.context, num_batches=job.report.eval_batches
+    )
+    losses = [float(full.loss(full(b[:, :-1]), b[:, 1:])) for b in batches]
+    return sum(losses) / len(losses)
+
+
+def fetch_global(job: JobSpec, plan: JobPlan, transport: Transport, *, timeout: float = 60.0) -> StageState:
+    """The whole global model, block range by block range, from the plan's stage groups."""
+    everyone = {s.peer: s for pipe in plan.pipelines for s in pipe}
+    state: StageState | None = None
+    for group in plan.sync_groups():
+        for m in group.members:
+            sl = everyone[m]
+            key = sl.curve_public_key.encode() if sl.curve_public_key else None
+            transport.connect(m, sl.endpoint, region=sl.region, curve_server_key=key)
+        piece = fetch_state(
+            transport, group.members, job_id=plan.job_id, start=group.start, end=group.end, timeout=timeout
+        )
+        state = piece if state is None else state.merge(piece)
+    if state is None:
+        raise StateTransferError("the plan has no stage groups")
+    return state
+
+
+def evaluate_plan(job: JobSpec, plan: JobPlan, transport: Transport, *, t_s: float, tokens: int) -> list[dict[str, Any]]:
+    """Validation rows for the report: the seeded initial model and the final global model."""
+    rows: list[dict[str, Any]] = [
+        {"t_s": 0.0, "step": 0, "tokens": 0, "loss": validation_loss(job), "source": "init"}
+    ]
+    state = fetch_global(job, plan, transport, timeout=job.swarm.round_timeout_s)
+    rows.append(
+        {
+            "t_s": t_s,
+            "step": state.step,
+            "round": state.round,
+            "tokens": tokens,
+            "loss": validation_loss(job, state.params),
+            "source": "global",
+        }
+    )
+    return rows

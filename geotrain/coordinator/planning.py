@@ -1,0 +1,178 @@
+"""From a live swarm to a plan: DHT records -> planner scenario -> :class:`~geotrain.plan.JobPlan`.
+
+The coordinator plans exactly as ``geotrain plan`` does: it writes the same
+scenario dict (regions, measured links, measured peers, the model's real
+per-layer profile, the job) and calls :func:`geotrain.planner.plan`.
+
+Links: each measured pair becomes a peer-to-peer link (bandwidth = the slower
+of the two directions, RTT = the larger). Peers of a region also get a region
+link from the median of their measured pairs, so a pair that was not probed
+yet still has a figure; a pair with no figure at all is left out, and the
+planner will not place a hop there.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from typing import Any
+
+from geotrain.config import JobSpec
+from geotrain.plan import JobPlan, StageSlot
+from geotrain.swarm.records import LinkRow, PeerRecord
+
+DEFAULT_EGRESS_USD_PER_GB = 0.02
+
+
+def egress_price(prices: Mapping[str, float], region: str) -> float:
+    """USD per GB leaving ``region``: its own price, else the ``"*"`` entry, else the default."""
+    return prices.get(region, prices.get("*", DEFAULT_EGRESS_USD_PER_GB))
+
+
+def scenario_dict(
+    job: JobSpec,
+    peers: Mapping[str, PeerRecord],
+    links: Mapping[str, LinkRow],
+    *,
+    egress_usd_per_gb: Mapping[str, float] | None = None,
+) -> dict[str, Any]:
+    """The planner scenario for ``job`` on the live ``peers`` with their measured ``links``."""
+    from geotrain.models.profile import layer_profile
+
+    prices = dict(egress_usd_per_gb or {})
+    regions = {p.region: {"egress_usd_per_gb": egress_price(prices, p.region)} for p in peers.values()}
+
+    # both directions of each measured pair: (bandwidth bytes/s, rtt s)
+    seen: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for row in links.values():
+        if row.src not in peers:
+            continue
+        for dst, m in row.links.items():
+            if dst not in peers or dst == row.src or m.bandwidth_bps <= 0:
+                continue
+            key = (min(row.src, dst), max(row.src, dst))
+            seen.setdefault(key, []).append((m.bandwidth_bps, m.rtt_s))
+    link_list: list[dict[str, Any]] = []
+    by_region_pair: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for (a, b), ms in sorted(seen.items()):
+        bw = min(x[0] for x in ms)
+        rtt = max(x[1] for x in ms)
+        link_list.append({"a": a, "b": b, "bandwidth_gbps": bw * 8 / 1e9, "rtt_ms": rtt * 1e3})
+        ra, rb = sorted((peers[a].region, peers[b].region))
+        by_region_pair.setdefault((ra, rb), []).append((bw, rtt))
+    for (ra, rb), ms in sorted(by_region_pair.items()):
+        link_list.append(
+            {
+                "a": ra,
+                "b": rb,
+                "bandwidth_gbps": statistics.median(x[0] for x in ms) * 8 / 1e9,
+                "rtt_ms": statistics.median(x[1] for x in ms) * 1e3,
+            }
+        )
+
+    peer_list = [
+        {
+            "id": p.peer_id,
+            "region": p.region,
+            "tflops": max(p.flops, 1.0) / 1e12,
+            "memory_gb": max(p.memory_bytes, 1) / 1e9,
+            "usd_per_hour": p.usd_per_hour,
+        }
+        for p in sorted(peers.values(), key=lambda r: r.peer_id)
+    ]
+    import torch
+
+    model = job.model.block_model(job.job.seed)
+    sample = torch.zeros(1, job.model.context, dtype=torch.long)
+    profile = [
+        {
+            "flops_per_token": lp.flops_per_token,
+            "param_bytes": lp.param_bytes,
+            "activation_bytes_per_token": lp.activation_bytes_per_token,
+        }
+        for lp in layer_profile(model, sample_input=sample, seed=job.job.seed)
+    ]
+    pipe = job.pipeline
+    return {
+        "regions": regions,
+        "links": link_list,
+        "peers": peer_list,
+        "model": {"profile": profile, "seq_len": job.model.context, "dtype_bytes": 4},
+        "job": {
+            "micro_batch": pipe.micro_batch_size,
+            "micro_batches": pipe.microbatches,
+            "sync_every": job.sync.every,
+            "stages": None if pipe.stages == "auto" else pipe.stages,
+            "pipelines": None if pipe.pipelines == "auto" else pipe.pipelines,
+            "activation_codec": job.codecs.activation,
+            "sync_codec": job.sync.codec,
+            "objective": job.objective.planner_objective(),
+        },
+    }
+
+
+def hop_codecs(job: JobSpec, pipeline: list[StageSlot]) -> tuple[tuple[str, str], ...]:
+    """Codec per hop: lossless inside a region (fast links), the job's codecs across regions."""
+    out = []
+    for a, b in zip(pipeline, pipeline[1:], strict=False):
+        if a.region and a.region == b.region:
+            out.append(("none", "none"))
+        else:
+            out.append((job.codecs.activation, job.codecs.activation_grad))
+    return tuple(out)
+
+
+def make_plan(
+    job: JobSpec,
+    job_id: str,
+    *,
+    version: int,
+    peers: Mapping[str, PeerRecord],
+    links: Mapping[str, LinkRow],
+    start_step: int = 0,
+    stop_step: int | None = None,
+    egress_usd_per_gb: Mapping[str, float] | None = None,
+) -> tuple[JobPlan, dict[str, Any]]:
+    """Plan ``job`` on the live swarm; returns the plan and the planner's JSON (with baselines)."""
+    from geotrain.planner import plan as run_planner
+    from geotrain.planner.scenario import Scenario
+
+    scenario = Scenario.from_dict(scenario_dict(job, peers, links, egress_usd_per_gb=egress_usd_per_gb))
+    result = run_planner(scenario, seed=job.job.seed, time_budget_s=10.0)
+    pipelines = []
+    for pipe in result.pipelines:
+        slots = [
+            StageSlot(
+                peer=a.peer,
+                start=a.layers[0],
+                end=a.layers[1],
+                endpoint=peers[a.peer].endpoint,
+                region=peers[a.peer].region,
+                curve_public_key=peers[a.peer].curve_public_key,
+            )
+            for a in pipe
+        ]
+        pipelines.append(slots)
+    pred = result.predicted
+    plan = JobPlan(
+        job_id=job_id,
+        version=version,
+        pipelines=tuple(tuple(p) for p in pipelines),
+        spares=tuple(result.spares),
+        activation_codec=job.codecs.activation,
+        activation_grad_codec=job.codecs.activation_grad,
+        sync_codec=job.sync.codec,
+        intra_codec=job.sync.intra_codec,
+        hop_codecs=tuple(hop_codecs(job, p) for p in pipelines),
+        start_step=start_step,
+        stop_step=stop_step,
+        num_blocks=len(scenario.model.profile),
+        predicted={
+            "tokens_per_s": pred.tokens_per_s,
+            "usd_per_hour": pred.usd_per_hour,
+            "usd_per_mtok": pred.usd_per_mtok,
+            "step_s": pred.step_s,
+            "cross_region_bytes_per_step": pred.cross_region_bytes_per_step,
+        },
+    )
+    return plan, result.to_json()

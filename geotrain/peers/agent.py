@@ -1,0 +1,363 @@
+"""The peer agent: one process's life in the swarm.
+
+Lifecycle (``geotrain peer``):
+
+1. measure compute (a short matmul benchmark), start the data plane, join the DHT;
+2. publish the peer record and keep it alive (heartbeat = record expiry);
+3. probe links to the other peers (RTT + bulk bandwidth) and publish the row,
+   re-probing new peers at once and everyone every ``probe_every_s``;
+4. follow the newest job and its newest plan (from the job's publisher only);
+   when the plan names this peer, build a :class:`~geotrain.peers.worker.StageWorker`
+   and run inner steps; when a newer plan arrives, rebuild from the global
+   state (own, a group member's, or the last checkpoint) at the plan's start step;
+5. report progress on the DHT; serve stage state to joiners and the coordinator.
+
+What happens when a neighbour dies mid-step: the step fails with
+:class:`~geotrain.errors.StageFailedError`, its gradients are dropped, the
+peer reports ``stalled`` and waits (bounded, with backoff) for a newer plan.
+Nothing half-done is applied: inner weights stay as after the last completed
+step, and the next plan restarts every peer from committed global state.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from geotrain import __version__
+from geotrain.config import JobSpec, job_from_dict
+from geotrain.errors import (
+    ConfigError,
+    GeotrainError,
+    PipelineError,
+    StateTransferError,
+    SyncError,
+    TransportError,
+)
+from geotrain.peers.probe import ProbeConfig, measure_link, serve_probes
+from geotrain.plan import JobPlan
+from geotrain.swarm import Swarm
+from geotrain.swarm.records import LinkMeasurement, LinkRow, PeerRecord, ProgressRecord
+from geotrain.transport import Transport
+
+logger = logging.getLogger(__name__)
+
+Emit = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentConfig:
+    """What a peer offers and how it behaves. ``job_id`` pins one job (default: the newest)."""
+
+    region: str
+    usd_per_hour: float = 0.0
+    device: str = "cpu"
+    probe_every_s: float = 60.0
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
+    poll_s: float = 0.5
+    progress_every_s: float = 1.0
+    stall_wait_s: float = 120.0
+    job_id: str | None = None
+    benchmark_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.usd_per_hour < 0:
+            raise ConfigError(f"--price must be >= 0 USD/hour; got {self.usd_per_hour}")
+        if self.poll_s <= 0 or self.probe_every_s <= 0:
+            raise ConfigError("poll_s and probe_every_s must be > 0")
+
+
+class PeerAgent:
+    """Runs one peer until ``stop`` is set. See the module docstring."""
+
+    def __init__(self, config: AgentConfig, *, swarm: Swarm, transport: Transport, emit: Emit | None = None) -> None:
+        self.config = config
+        self.swarm = swarm
+        self.transport = transport
+        self.peer_id = swarm.peer_id
+        self._emit = emit or (lambda e: None)
+        self._stop = threading.Event()
+        self._record: PeerRecord | None = None
+        self._links: dict[str, LinkMeasurement] = {}
+        self._probed_at: dict[str, float] = {}
+        self._worker: Any = None  # StageWorker of the current plan
+        self._last_state: Any = None  # StageState kept from the previous worker, for rebuilds
+        self._plan: JobPlan | None = None
+        self._job: JobSpec | None = None
+        self._job_owner: str | None = None
+        self._status = "idle"
+        self._job_baseline: Any = None  # transport counters when this peer joined the current job
+        self._threads: list[threading.Thread] = []
+
+    # -- setup ------------------------------------------------------------------------------------
+    def start(self) -> PeerRecord:
+        from geotrain.peers.benchmark import BenchmarkConfig, measure_compute
+
+        compute = measure_compute(BenchmarkConfig(device=self.config.device, max_seconds=self.config.benchmark_s))
+        started = time.time()
+
+        def make_record() -> PeerRecord:
+            return PeerRecord(
+                peer_id=self.peer_id,
+                region=self.config.region,
+                device=compute.device[:128],
+                flops=float(compute.flops),
+                memory_bytes=int(compute.memory_bytes),
+                usd_per_hour=float(self.config.usd_per_hour),
+                endpoint=self.transport.address,
+                version=__version__,
+                curve_public_key=None
+                if self.transport.config.curve is None
+                else self.transport.config.curve.public_key.decode(),
+                started_at=started,
+                heartbeat_at=time.time(),
+            )
+
+        self._record = make_record()
+        serve_probes(self.transport)
+        from geotrain.peers.state import serve_state
+
+        serve_state(self.transport, lambda: self._worker, lambda: self._last_state)
+        hb = self.swarm.start_heartbeat(make_record)
+        hb.wait_first(timeout=self.swarm.config.timeout_s)
+        for target, name in ((self._probe_loop, "probe"),):
+            t = threading.Thread(target=target, name=f"gt-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self._record
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # -- link probes ------------------------------------------------------------------------------
+    def _probe_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._probe_once()
+            except GeotrainError as e:
+                logger.info("probe round failed: %s", e)
+            self._stop.wait(min(self.config.probe_every_s, 2.0))
+
+    def _probe_once(self) -> None:
+        peers = self.swarm.get_peers()
+        now = time.time()
+        changed = False
+        for pid, rec in sorted(peers.items()):
+            if pid == self.peer_id or self._stop.is_set():
+                continue
+            if now - self._probed_at.get(pid, 0.0) < self.config.probe_every_s:
+                continue
+            if self._worker is not None and self._probed_at.get(pid):
+                continue  # training: keep probes off the data plane once every pair has a figure
+            try:
+                self.transport.connect(pid, rec.endpoint, region=rec.region, curve_server_key=_curve_key(rec))
+                m = measure_link(self.transport, pid, self.config.probe)
+            except (TransportError, ConfigError) as e:
+                logger.info("probe of %s failed: %s", pid, e)
+                continue
+            self._links[pid] = LinkMeasurement(bandwidth_bps=m.bandwidth_bps, rtt_s=m.rtt_s, measured_at=m.measured_at)
+            self._probed_at[pid] = time.time()
+            changed = True
+        for pid in list(self._links):
+            if pid not in peers:
+                del self._links[pid]
+                changed = True
+        if changed or now - max(self._probed_at.values(), default=0.0) > self.swarm.config.record_ttl_s / 2:
+            self.swarm.publish_links(LinkRow(src=self.peer_id, links=dict(self._links)))
+            self._emit({"event": "links", "peer_id": self.peer_id, "count": len(self._links)})
+
+    # -- following the job ------------------------------------------------------------------------
+    def _current(self) -> tuple[JobSpec, str, JobPlan] | None:
+        """The job this peer follows and its newest plan, or None."""
+        jobs = self.swarm.get_jobs()
+        candidates = [
+            (owner, rec) for owner, rec in jobs.items() if self.config.job_id in (None, rec.job_id)
+        ]
+        if not candidates:
+            return None
+        owner, rec = max(candidates, key=lambda x: x[1].published_at)
+        try:
+            job = job_from_dict(rec.spec) if self._job is None or self._job_owner != owner else self._job
+        except ConfigError as e:
+            logger.warning("ignoring job %s from %s: %s", rec.job_id, owner, e)
+            return None
+        self._job, self._job_owner = job, owner
+        prec = self.swarm.latest_plan(job_id=rec.job_id, publisher=owner)
+        if prec is None:
+            return None
+        try:
+            plan = JobPlan.from_dict(prec.plan)
+        except ConfigError as e:
+            logger.warning("ignoring malformed plan v%s: %s", prec.version, e)
+            return None
+        return job, rec.job_id, plan
+
+    def run(self) -> int:
+        """The main loop; returns when ``stop()`` is called or the job finished. Exit code."""
+        step = 0
+        last_progress = 0.0
+        last_poll = 0.0
+        stalled_since: float | None = None
+        metrics: Any = None
+        finished_plan: tuple[str, int] | None = None
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now - last_poll >= self.config.poll_s or self._worker is None:
+                last_poll = now
+                try:
+                    current = self._current()
+                except GeotrainError as e:
+                    logger.info("could not read job/plan: %s", e)
+                    current = None
+                if current is not None:
+                    job, job_id, plan = current
+                    if self._plan is None or plan.version > self._plan.version or plan.job_id != self._plan.job_id:
+                        step = self._adopt(job, plan, step)
+                        stalled_since = None
+            if self._worker is None or self._plan is None:
+                if finished_plan is not None and self._plan is not None and (self._plan.job_id, self._plan.version) != finished_plan:
+                    finished_plan = None
+                self._stop.wait(self.config.poll_s)
+                continue
+            stop_step = self._plan.stop_step
+            if stop_step is not None and step >= stop_step:
+                self._finish(step, metrics)
+                finished_plan = (self._plan.job_id, self._plan.version)
+                continue
+            try:
+                metrics = self._worker.step(step)
+                step += 1
+                self._status = "training"
+            except (PipelineError, SyncError, TransportError, StateTransferError) as e:
+                # a neighbour died or timed out: wait for the coordinator's next plan
+                if stalled_since is None:
+                    stalled_since = time.monotonic()
+                    self._emit({"event": "stalled", "peer_id": self.peer_id, "step": step, "error": str(e)})
+                    logger.warning("step %d failed: %s; waiting for a new plan", step, e)
+                self._status = "stalled"
+                if time.monotonic() - stalled_since > self.config.stall_wait_s:
+                    logger.error("no new plan within %.0fs of a failure; leaving the job", self.config.stall_wait_s)
+                    self._retire()
+                self._publish_progress(step, metrics, force=True)
+                self._stop.wait(min(2.0, self.config.poll_s * 2))
+                last_poll = 0.0
+                continue
+            if time.monotonic() - last_progress >= self.config.progress_every_s:
+                last_progress = time.monotonic()
+                self._publish_progress(step, metrics)
+        self._retire()
+        return 0
+
+    def _adopt(self, job: JobSpec, plan: JobPlan, step: int) -> int:
+        """Switch to ``plan``: rebuild this peer's worker (or become a spare). Returns the step to run next."""
+        from geotrain.peers.worker import StageWorker
+
+        previous = self._plan
+        self._plan = plan
+        if previous is None or previous.job_id != plan.job_id:
+            self._job_baseline = self.transport.stats
+        self.transport.set_context(job=plan.job_id, plan_version=plan.version)
+        state = None
+        if self._worker is not None:
+            state = self._worker.state()
+            self._worker.close()
+            self._worker = None
+        if state is not None:
+            self._last_state = state
+        if plan.slot_of(self.peer_id) is None:
+            self._status = "spare"
+            self._emit({"event": "spare", "peer_id": self.peer_id, "plan_version": plan.version})
+            return step
+        start = plan.start_step
+        self._worker = StageWorker(
+            job,
+            plan,
+            peer_id=self.peer_id,
+            transport=self.transport,
+            previous_state=self._last_state if self._last_state is not None and self._last_state.job_id == plan.job_id else None,
+            links=dict(self._links),
+        )
+        self._status = "training"
+        self._emit(
+            {
+                "event": "plan",
+                "peer_id": self.peer_id,
+                "plan_version": plan.version,
+                "slot": list(plan.slot_of(self.peer_id) or ()),
+                "layers": list(plan.pipelines[plan.slot_of(self.peer_id)[0]][plan.slot_of(self.peer_id)[1]].layers),  # type: ignore[index]
+                "start_step": start,
+            }
+        )
+        return start
+
+    def _finish(self, step: int, metrics: Any) -> None:
+        if self._status != "done":
+            self._status = "done"
+            assert self._worker is not None
+            self._last_state = self._worker.state()
+            self._publish_progress(step, metrics, force=True)
+            self._emit({"event": "done", "peer_id": self.peer_id, "step": step})
+        self._publish_progress(step, metrics)
+        self._stop.wait(self.config.poll_s)
+
+    def _retire(self) -> None:
+        if self._worker is not None:
+            self._last_state = self._worker.state()
+            self._worker.close()
+            self._worker = None
+
+    def _publish_progress(self, step: int, metrics: Any, *, force: bool = False) -> None:
+        if self._plan is None:
+            return
+        w = self._worker
+        stats: dict[str, float] = {"status": {"training": 0.0, "stalled": 1.0, "done": 2.0, "spare": 3.0}.get(self._status, 4.0)}
+        loss = None
+        tokens = 0
+        rnd = 0
+        if w is not None:
+            stats.update(w.stats())
+            loss = w.last_loss
+            tokens = w.tokens
+            rnd = w.round
+        elif self._last_state is not None:
+            rnd = self._last_state.round
+        tstats = self.transport.stats
+        base = self._job_baseline
+        sent = {dst: n - (base.sent_bytes.get(dst, 0) if base else 0) for dst, n in tstats.sent_bytes.items()}
+        received = sum(tstats.recv_bytes.values()) - (sum(base.recv_bytes.values()) if base else 0)
+        # bytes by destination region since the job started (probes before it excluded): the traffic matrix
+        regions = {s.peer: s.region for pipe in self._plan.pipelines for s in pipe}
+        by_region: dict[str, float] = {}
+        for dst, n in sent.items():
+            r = regions.get(dst)
+            if r is not None:
+                by_region[r] = by_region.get(r, 0.0) + n
+        for r, n in list(by_region.items())[:16]:
+            stats[f"to:{r}"] = float(n)
+        try:
+            self.swarm.publish_progress(
+                ProgressRecord(
+                    peer_id=self.peer_id,
+                    job_id=self._plan.job_id,
+                    plan_version=self._plan.version,
+                    step=step,
+                    loss=loss,
+                    tokens=tokens,
+                    round=rnd,
+                    bytes_sent=int(sum(sent.values())),
+                    bytes_received=int(received),
+                    updated_at=time.time(),
+                    stats=stats,
+                )
+            )
+        except GeotrainError as e:
+            logger.info("progress not published: %s", e)
+
+
+def _curve_key(rec: PeerRecord) -> bytes | None:
+    return rec.curve_public_key.encode() if rec.curve_public_key else None
+

@@ -1,0 +1,158 @@
+"""Stage state transfer: a joiner (or the coordinator) pulls global parameters from group members.
+
+What is stage state? For the blocks a peer holds: the *global* parameters of
+the last committed round (what every member of the stage group agrees on),
+the outer optimizer's momentum for them, and the round counter. Local
+(inner) weights are never shipped: a peer that adopts a plan starts its inner
+steps from the global parameters.
+
+Protocol (request/response on the data plane, kind ``state.get``): the request
+names the job and a block range; the reply carries every tensor the donor holds
+in that range (``p:<name>`` global parameter, ``o:<name>`` outer momentum), and
+in its meta the round, the names, the total byte count and a SHA-256 over
+names and bytes. The receiver verifies count and hash before any tensor is
+used: a truncated or altered transfer is refused (StateTransferError) and the
+next donor is tried, fastest link first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from geotrain.errors import StateTransferError, TransportError
+from geotrain.transport import Message, Transport
+
+logger = logging.getLogger(__name__)
+
+KIND = "state.get"
+
+
+def block_of(name: str) -> int:
+    """Block index of a stage parameter name ``blocks.<i>.<...>``."""
+    parts = name.split(".")
+    if len(parts) < 3 or parts[0] != "blocks" or not parts[1].isdigit():
+        raise StateTransferError(f"parameter name {name!r} is not of the form blocks.<index>.<name>")
+    return int(parts[1])
+
+
+@dataclass
+class StageState:
+    """Global parameters and outer momentum of some blocks, as of committed round ``round``."""
+
+    job_id: str
+    round: int
+    step: int
+    params: dict[str, torch.Tensor]
+    momentum: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def select(self, start: int, end: int) -> StageState:
+        keep = lambda d: {n: t for n, t in d.items() if start <= block_of(n) < end}  # noqa: E731
+        return StageState(self.job_id, self.round, self.step, keep(self.params), keep(self.momentum))
+
+    def merge(self, other: StageState) -> StageState:
+        """Union of two disjoint pieces (the lower round wins, conservatively)."""
+        return StageState(
+            self.job_id,
+            min(self.round, other.round),
+            min(self.step, other.step),
+            {**self.params, **other.params},
+            {**self.momentum, **other.momentum},
+        )
+
+    def covers(self, names: Iterable[str]) -> bool:
+        return all(n in self.params for n in names)
+
+
+def digest(tensors: Mapping[str, torch.Tensor]) -> tuple[str, int]:
+    """SHA-256 and byte count over (name, bytes) in name order."""
+    h = hashlib.sha256()
+    total = 0
+    for name in sorted(tensors):
+        t = tensors[name].detach().contiguous().cpu()
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        h.update(name.encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(raw)
+        total += len(raw)
+    return h.hexdigest(), total
+
+
+def serve_state(
+    transport: Transport,
+    current: Callable[[], Any],
+    previous: Callable[[], StageState | None],
+) -> None:
+    """Answer ``state.get`` from the current worker's state, else the last one this peer kept."""
+
+    def handle(req: Message) -> Message | None:
+        meta = req.meta
+        job_id, start, end = meta.get("job_id"), meta.get("start"), meta.get("end")
+        if not isinstance(job_id, str) or not isinstance(start, int) or not isinstance(end, int) or start >= end:
+            return Message(kind=KIND + ".err", meta={"error": "bad request"})
+        worker = current()
+        state = worker.state() if worker is not None else previous()
+        if state is None or state.job_id != job_id:
+            return Message(kind=KIND + ".err", meta={"error": "no state for that job"})
+        piece = state.select(start, end)
+        if not piece.params:
+            return Message(kind=KIND + ".err", meta={"error": "no blocks in that range"})
+        tensors = {f"p:{n}": t for n, t in piece.params.items()}
+        tensors.update({f"o:{n}": t for n, t in piece.momentum.items()})
+        sha, nbytes = digest(tensors)
+        return Message(
+            kind=KIND + ".ok",
+            meta={"round": piece.round, "step": piece.step, "sha256": sha, "nbytes": nbytes, "names": sorted(tensors)},
+            tensors=tensors,
+        )
+
+    transport.serve(KIND, handle)
+
+
+def fetch_state(
+    transport: Transport,
+    donors: Iterable[str],
+    *,
+    job_id: str,
+    start: int,
+    end: int,
+    need: Iterable[str] = (),
+    timeout: float = 60.0,
+) -> StageState:
+    """Pull blocks ``[start, end)`` from the first donor that sends a verified, complete state.
+
+    ``donors`` must already be connected on ``transport``, best first.
+    """
+    need = list(need)
+    errors = []
+    for donor in donors:
+        try:
+            reply = transport.request(
+                donor, Message(kind=KIND, meta={"job_id": job_id, "start": start, "end": end}), timeout=timeout
+            )
+        except TransportError as e:
+            errors.append(f"{donor}: {e}")
+            continue
+        meta = reply.meta
+        if reply.kind != KIND + ".ok":
+            errors.append(f"{donor}: {meta.get('error', reply.kind)}")
+            continue
+        sha, nbytes = digest(reply.tensors)
+        if sorted(reply.tensors) != meta.get("names") or nbytes != meta.get("nbytes") or sha != meta.get("sha256"):
+            errors.append(f"{donor}: state failed verification (size or hash mismatch)")
+            logger.warning("state from %s failed verification; trying the next donor", donor)
+            continue
+        params = {k[2:]: v for k, v in reply.tensors.items() if k.startswith("p:")}
+        momentum = {k[2:]: v for k, v in reply.tensors.items() if k.startswith("o:")}
+        state = StageState(job_id, int(meta.get("round", 0)), int(meta.get("step", 0)), params, momentum)
+        if not state.covers(need):
+            missing = [n for n in need if n not in params][:3]
+            errors.append(f"{donor}: lacks {missing}")
+            continue
+        return state
+    raise StateTransferError(f"no donor sent verified state for blocks [{start}, {end}): " + "; ".join(errors))

@@ -1,0 +1,275 @@
+"""One peer's part of one plan version: its stage, its pipeline runtime, its stage-group syncs.
+
+Built when a peer adopts a plan. Where the initial weights come from, in order:
+
+1. the peer's own global state from the previous plan, when it covers this stage;
+2. the stage group's other members (:func:`~geotrain.peers.state.fetch_state`,
+   fastest measured link first, verified by size and hash);
+3. the seed (a fresh job: every member builds identical weights without shipping them).
+
+Inner weights start equal to the global ones; the inner optimizer (AdamW)
+starts fresh when the stage's blocks changed and is kept otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import torch
+
+from geotrain.config import JobSpec
+from geotrain.errors import StateTransferError
+from geotrain.models import build_stage
+from geotrain.peers.state import StageState, block_of, fetch_state
+from geotrain.pipeline import StageConfig, StageRuntime
+from geotrain.plan import JobPlan, SyncGroup
+from geotrain.swarm.records import LinkMeasurement
+from geotrain.sync import DiLoCoConfig, DiLoCoSync, Member, StaticMembership
+from geotrain.transport import Transport
+
+logger = logging.getLogger(__name__)
+
+_datasets: dict[Any, Any] = {}
+
+
+def dataset_for(job: JobSpec) -> Any:
+    """The job's dataset, loaded once per process (every stage of this peer shares it)."""
+    from geotrain.data import build_dataset
+
+    key = job.data
+    if key not in _datasets:
+        _datasets[key] = build_dataset(job.data.data_config())
+    return _datasets[key]
+
+
+class StageWorker:
+    """Runs inner steps of this peer's stage under one plan; see the module docstring."""
+
+    def __init__(
+        self,
+        job: JobSpec,
+        plan: JobPlan,
+        *,
+        peer_id: str,
+        transport: Transport,
+        previous_state: StageState | None = None,
+        links: dict[str, LinkMeasurement] | None = None,
+    ) -> None:
+        slot_at = plan.slot_of(peer_id)
+        if slot_at is None:
+            raise ValueError(f"peer {peer_id} has no stage in plan v{plan.version}")
+        self.job, self.plan, self.peer_id, self.transport = job, plan, peer_id, transport
+        p, s = slot_at
+        pipe = plan.pipelines[p]
+        slot = pipe[s]
+        self.pipeline, self.stage_index = p, s
+        seed = job.job.seed
+        self.stage = build_stage(job.model.block_model(seed), slot.layers, seed)
+        # connect every peer this stage talks to: neighbours, the other end (tied weights), group members
+        everyone = {sl.peer: sl for pp in plan.pipelines for sl in pp}
+        groups = plan.groups_of(peer_id)
+        talk = {pipe[0].peer, pipe[-1].peer}
+        if s > 0:
+            talk.add(pipe[s - 1].peer)
+        if s + 1 < len(pipe):
+            talk.add(pipe[s + 1].peer)
+        for g in groups:
+            talk.update(g.members)
+        talk.discard(peer_id)
+        for pid in talk:
+            sl = everyone[pid]
+            key = sl.curve_public_key.encode() if sl.curve_public_key else None
+            transport.connect(pid, sl.endpoint, region=sl.region, curve_server_key=key)
+
+        state = self._initial_state(previous_state, groups, links or {})
+        if state is not None:
+            self._load_global(state)
+        self.round = state.round if state is not None else 0
+
+        ds = dataset_for(job)
+        pcfg = job.pipeline
+        num_pipes = len(plan.pipelines)
+        seq_len = job.model.context
+        batch = pcfg.micro_batch_size * pcfg.microbatches
+
+        def data(step: int) -> torch.Tensor:
+            return ds.get_batch(step, batch_size=batch, seq_len=seq_len, seed=seed, shard=p, num_shards=num_pipes)
+
+        act_codec = plan.hop_codec(p, s)[0] if s + 1 < len(pipe) else "none"
+        grad_codec = plan.hop_codec(p, s - 1)[1] if s > 0 else "none"
+        opt = job.optimizer
+        self.runtime = StageRuntime(
+            StageConfig(
+                job=plan.job_id,
+                plan_version=plan.version,
+                pipeline=p,
+                stage=s,
+                num_stages=len(pipe),
+                microbatches=pcfg.microbatches,
+                schedule=pcfg.schedule,
+                act_codec=act_codec,
+                grad_codec=grad_codec,
+                hop_timeout_s=job.swarm.hop_timeout_s,
+                lr=opt.lr,
+                weight_decay=opt.weight_decay,
+                betas=(opt.beta1, opt.beta2),
+            ),
+            stage=self.stage,
+            transport=transport,
+            prev_peer=pipe[s - 1].peer if s > 0 else None,
+            next_peer=pipe[s + 1].peer if s + 1 < len(pipe) else None,
+            end_peer=(pipe[-1].peer if s == 0 else pipe[0].peer) if len(pipe) > 1 else None,
+            data=data,
+        )
+        named = dict(self.stage.named_parameters())
+        self.syncs: list[DiLoCoSync] = []
+        for g in groups:
+            params = [(n, named[n]) for n in named if g.start <= block_of(n) < g.end]
+            members = [
+                Member(peer_id=m, region=everyone[m].region or "default", address=everyone[m].endpoint)
+                for m in g.members
+            ]
+            sync = DiLoCoSync(
+                self._sync_config(g), params=params, transport=transport, membership=StaticMembership(members)
+            )
+            sync.set_context(job=plan.job_id, plan_version=plan.version)
+            if state is not None and all(n in state.params for n, _ in params):
+                load_named_state(sync, state)
+            self.syncs.append(sync)
+        # state() is served from the transport's handler threads: never read half a commit
+        self._commit_lock = threading.Lock()
+        self.tokens = 0
+        self.last_loss: float | None = None
+        self.compute_s = 0.0
+        self.wall_s = 0.0
+        self.steps = 0
+        self._step = plan.start_step
+
+    # -- construction helpers ---------------------------------------------------------------------
+    def _sync_config(self, g: SyncGroup) -> DiLoCoConfig:
+        sc = self.job.sync
+        return DiLoCoConfig(
+            every=sc.every,
+            outer_lr=sc.outer_lr,
+            outer_momentum=sc.outer_momentum,
+            nesterov=sc.nesterov,
+            intra_codec=sc.intra_codec,
+            cross_codec=self.plan.sync_codec,
+            error_feedback=sc.error_feedback,
+            fragments=min(sc.fragments, max(1, sum(1 for n, _ in self.stage.named_parameters() if g.start <= block_of(n) < g.end))),
+            overlap=sc.overlap,
+            mixing=min(sc.mixing, 0.99),
+            aggregation=sc.aggregation,
+            deadline_floor_s=self.job.swarm.round_timeout_s,
+            group=f"{self.plan.job_id}/{g.name}",
+        )
+
+    def _initial_state(
+        self, previous: StageState | None, groups: list[SyncGroup], links: dict[str, LinkMeasurement]
+    ) -> StageState | None:
+        names = [n for n, _ in self.stage.named_parameters()]
+        start, end = self.stage.layers
+        if previous is not None and previous.covers(names):
+            return previous.select(start, end)
+        if self.plan.start_step == 0 and self.plan.version == 1:
+            return None  # a fresh job: the seed gives every member identical weights
+        donors = sorted(
+            {m for g in groups for m in g.members if m != self.peer_id},
+            key=lambda m: -(links[m].bandwidth_bps if m in links else 0.0),
+        )
+        pieces: StageState | None = previous.select(start, end) if previous is not None else None
+        try:
+            fetched = fetch_state(
+                self.transport, donors, job_id=self.plan.job_id, start=start, end=end,
+                timeout=self.job.swarm.round_timeout_s,
+            )
+            pieces = fetched if pieces is None else pieces.merge(fetched)
+        except StateTransferError as e:
+            logger.warning("no stage state from the group (%s); starting these blocks from the seed", e)
+        return pieces
+
+    def _load_global(self, state: StageState) -> None:
+        with torch.no_grad():
+            for n, p in self.stage.named_parameters():
+                if n in state.params:
+                    p.copy_(state.params[n].to(p.dtype).view_as(p))
+
+    # -- the step ---------------------------------------------------------------------------------
+    def step(self, step: int) -> Any:
+        t0 = time.perf_counter()
+        m = self.runtime.run_inner_step(step)
+        with self._commit_lock:
+            for sync in self.syncs:
+                sync.after_inner_step(step + 1)  # the sync counts inner steps completed
+        self.round = min((o.version for sync in self.syncs for o in sync.outer), default=self.round)
+        self.wall_s += time.perf_counter() - t0
+        self.compute_s += m.compute_s
+        self.steps += 1
+        self._step = step + 1
+        if self.stage.is_last:
+            self.tokens += m.tokens
+            self.last_loss = m.loss
+        elif self.stage.is_first:
+            self.tokens += m.tokens
+        return m
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "compute_s": self.compute_s,
+            "wall_s": self.wall_s,
+            "utilisation": self.compute_s / self.wall_s if self.wall_s else 0.0,
+            "pipeline": float(self.pipeline),
+            "stage": float(self.stage_index),
+        }
+
+    def state(self) -> StageState:
+        params: dict[str, torch.Tensor] = {}
+        momentum: dict[str, torch.Tensor] = {}
+        with self._commit_lock:
+            for sync in self.syncs:
+                g, mom = named_state(sync)
+                params.update(g)
+                momentum.update(mom)
+        return StageState(self.plan.job_id, self.round, self._step, params, momentum)
+
+    def close(self) -> None:
+        for sync in self.syncs:
+            sync.close()
+        self.runtime.close()
+
+
+def _split(flat: torch.Tensor, names: tuple[str, ...], params: tuple[torch.nn.Parameter, ...]) -> dict[str, torch.Tensor]:
+    out, pos = {}, 0
+    for n, p in zip(names, params, strict=True):
+        out[n] = flat[pos : pos + p.numel()].view_as(p).clone()
+        pos += p.numel()
+    return out
+
+
+def named_state(sync: DiLoCoSync) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """A sync's global parameters and outer momentum, by parameter name (fragment layout aside)."""
+    params: dict[str, torch.Tensor] = {}
+    momentum: dict[str, torch.Tensor] = {}
+    for frag, outer in zip(sync.fragments, sync.outer, strict=True):
+        params.update(_split(outer.global_flat, frag.names, frag.params))
+        if outer.momentum is not None:
+            momentum.update(_split(outer.momentum, frag.names, frag.params))
+    return params, momentum
+
+
+def load_named_state(sync: DiLoCoSync, state: StageState) -> None:
+    """Adopt global parameters (and momentum, when complete) by name; local := global."""
+    frags = []
+    for frag in sync.fragments:
+        entry: dict[str, Any] = {
+            "names": list(frag.names),
+            "global": torch.cat([state.params[n].reshape(-1).float() for n in frag.names]),
+            "version": state.round,
+        }
+        if all(n in state.momentum for n in frag.names):
+            entry["momentum"] = torch.cat([state.momentum[n].reshape(-1).float() for n in frag.names])
+        frags.append(entry)
+    sync.load_state_dict({"fragments": frags})
