@@ -74,14 +74,15 @@ sent from region :math:`r` to another region, at :math:`r`'s price per GB
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from geotrain.errors import InfeasiblePlanError
 from geotrain.planner.codecs import compression_ratio, encoded_bytes_per_element
-from geotrain.planner.scenario import Scenario
+from geotrain.planner.scenario import Link, Scenario
 
 ACTIVATION_SAVE_FACTOR = 17.0
 OPTIMIZER_STATE_BYTES_PER_PARAM = 16.0  # AdamW m, v (fp32) + DiLoCo anchor + outer momentum (fp32)
@@ -122,26 +123,26 @@ class Prediction:
         }
 
 
-def _butterfly(z: float, members: Sequence[str], sc: Scenario) -> tuple[float, list[tuple[str, str, float]]] | None:
-    """Time of a butterfly all-reduce of ``z`` bytes among ``members`` and the bytes each pair sends."""
+def _butterfly_coeff(members: Sequence[str], link: Callable[[str, str], Link | None]) -> tuple[float, float] | None:
+    """``(c, r)`` with a butterfly all-reduce of ``z`` bytes among ``members`` taking ``c * z + r`` seconds.
+
+    ``c = 2 max_i sum_{j != i} 1 / (n beta_ij)``, ``r = 2 max rho_ij``; None if a pair has no link.
+    """
     n = len(members)
     if n < 2:
-        return 0.0, []
-    share = z / n
-    worst_send, worst_rtt, sent = 0.0, 0.0, []
+        return 0.0, 0.0
+    worst, rtt = 0.0, 0.0
     for i in members:
         t = 0.0
         for j in members:
-            if i == j:
-                continue
-            ln = sc.link(i, j)
-            if ln is None:
-                return None
-            t += share / ln.bytes_per_s
-            worst_rtt = max(worst_rtt, ln.rtt_s)
-            sent.append((i, j, 2.0 * share))
-        worst_send = max(worst_send, t)
-    return 2.0 * worst_send + 2.0 * worst_rtt, sent
+            if i != j:
+                ln = link(i, j)
+                if ln is None:
+                    return None
+                t += 1.0 / ln.bytes_per_s
+                rtt = max(rtt, ln.rtt_s)
+        worst = max(worst, t)
+    return 2.0 * worst / n, 2.0 * rtt
 
 
 class CostModel:
@@ -167,6 +168,10 @@ class CostModel:
             inp = prof[i - 1].activation_bytes_per_token if i > 0 else 0
             self.saved.append(self.saved[-1] + ACTIVATION_SAVE_FACTOR * inp)
         self.act = [lp.activation_bytes_per_token for lp in prof]
+        self.region_of = {p.id: p.region for p in scenario.peers}
+        self.flops_of = {p.id: p.flops for p in scenario.peers}
+        self.price_of = {p.id: p.usd_per_hour for p in scenario.peers}
+        self._leader_cache: dict[tuple[str, ...], tuple[float, float] | None] = {}
 
     # -- pieces used by the search -----------------------------------------------------------
     def stage_memory(self, start: int, end: int, stage: int, stages: int) -> float:
@@ -217,67 +222,81 @@ class CostModel:
         return None
 
     def predict(
-        self, pipelines: Sequence[Sequence[StageAssignment]], *, detail: bool = True, check_memory: bool = True
+        self,
+        pipelines: Sequence[Sequence[StageAssignment]],
+        *,
+        detail: bool = True,
+        check_memory: bool = True,
+        trusted: bool = False,
     ) -> Prediction | str:
-        """The prediction for a plan, or a string saying why the plan is infeasible."""
-        why = self.check(pipelines, check_memory=check_memory)
+        """The prediction for a plan, or a string saying why the plan is infeasible.
+
+        ``trusted`` skips :meth:`check` for plans the search built itself (split DP already checked them).
+        """
+        why = None if trusted else self.check(pipelines, check_memory=check_memory)
         if why is not None:
             return why
         sc, m, M = self.sc, self.m, self.M
-        peers = sc._peer
-        pair_bytes: dict[tuple[str, str], float] = {}
-        usd_step = 0.0  # egress USD per inner step
+        region, flops = self.region_of, self.flops_of
+        pair_bytes: dict[tuple[str, str], float] = {}  # per inner step, (sender region, receiver region)
         compute: dict[str, float] = {}
         T, bottleneck = 0.0, ""
         for pipe in pipelines:
             fill, worst, what = 0.0, 0.0, ""
+            last = len(pipe) - 1
             for si, st in enumerate(pipe):
-                c = self.stage_compute_s(st.layers[0], st.layers[1], peers[st.peer].flops)
+                a0, b0 = st.layers
+                c = m * (self.flops[b0] - self.flops[a0]) / flops[st.peer]
                 compute[st.peer] = c
                 fill += c
                 if c > worst:
                     worst, what = c, f"compute on {st.peer}"
-                if si + 1 < len(pipe):
+                if si < last:
                     nxt = pipe[si + 1].peer
                     ln = sc.link(st.peer, nxt)
                     assert ln is not None
-                    a = self.hop_bytes(st.layers[1])
+                    a = m * self.act[b0 - 1] / self.act_ratio
                     busy = 2.0 * a / ln.bytes_per_s
                     fill += busy + ln.rtt_s
                     if busy > worst:
                         worst, what = busy, f"link {st.peer}->{nxt}"
-                    for src, dst in ((st.peer, nxt), (nxt, st.peer)):
-                        key = (peers[src].region, peers[dst].region)
-                        pair_bytes[key] = pair_bytes.get(key, 0.0) + M * a
-                        usd_step += M * a * sc.egress_usd_per_gb(src, dst) / 1e9
+                    ra, rb = region[st.peer], region[nxt]
+                    pair_bytes[(ra, rb)] = pair_bytes.get((ra, rb), 0.0) + M * a
+                    pair_bytes[(rb, ra)] = pair_bytes.get((rb, ra), 0.0) + M * a
             t_p = fill + (M - 1) * worst
             if t_p > T:
                 T, bottleneck = t_p, what
         # -- rounds: stage groups are the peers holding the same layer segment in every pipeline
-        Y, sync_pairs = 0.0, []
+        Y = 0.0
+        sync_bytes: dict[tuple[str, str], float] = {}  # per round
         if len(pipelines) > 1:
-            cuts = sorted({st.layers[1] for pipe in pipelines for st in pipe} | {0})
             groups: dict[tuple[str, ...], float] = {}
-            for a, b in zip(cuts, cuts[1:], strict=False):
-                holders = tuple(next(st.peer for st in pipe if st.layers[0] <= a < st.layers[1]) for pipe in pipelines)
-                groups[holders] = groups.get(holders, 0.0) + (self.params[b] - self.params[a]) / self.d
+            first = [st.layers for st in pipelines[0]]
+            if all(len(pipe) == len(first) and all(st.layers == lr for st, lr in zip(pipe, first, strict=True))
+                   for pipe in pipelines):
+                # one split for all pipelines: the stage groups are the grid's columns
+                for si, (a, b) in enumerate(first):
+                    groups[tuple(pipe[si].peer for pipe in pipelines)] = (self.params[b] - self.params[a]) / self.d
+            else:
+                cuts = sorted({st.layers[1] for pipe in pipelines for st in pipe} | {0})
+                for a, b in itertools.pairwise(cuts):
+                    holders = tuple(next(st.peer for st in pipe if st.layers[0] <= a < st.layers[1])
+                                    for pipe in pipelines)
+                    groups[holders] = groups.get(holders, 0.0) + (self.params[b] - self.params[a]) / self.d
             for members, n_params in groups.items():
-                res = self._group_sync(members, n_params * self.sync_bytes_per_elem)
-                if res is None:
+                y = self._group_sync(members, n_params * self.sync_bytes_per_elem, sync_bytes)
+                if y is None:
                     return f"stage group {list(members)} spans regions with no link between them"
-                y, sent = res
                 Y = max(Y, y)
-                sync_pairs.extend(sent)
         exposed = max(0.0, Y - self.H * T) if sc.job.overlap_sync else Y
         t_eff = T + exposed / self.H
         if exposed > 0:
             bottleneck += f" + {exposed:.3g} s of round sync not hidden"
-        for src, dst, nbytes in sync_pairs:
-            key = (peers[src].region, peers[dst].region)
-            pair_bytes[key] = pair_bytes.get(key, 0.0) + nbytes / self.H
-            usd_step += nbytes / self.H * sc.egress_usd_per_gb(src, dst) / 1e9
+        for key, v in sync_bytes.items():
+            pair_bytes[key] = pair_bytes.get(key, 0.0) + v / self.H
+        usd_step = sum(v * sc.egress_usd_per_gb(ra, rb) for (ra, rb), v in pair_bytes.items()) / 1e9
         tokens_per_s = len(pipelines) * M * m / t_eff
-        usd_per_hour = sum(peers[q].usd_per_hour for q in compute) + usd_step * 3600.0 / t_eff
+        usd_per_hour = sum(self.price_of[q] for q in compute) + usd_step * 3600.0 / t_eff
         usd_per_mtok = usd_per_hour / (tokens_per_s * 3600.0) * 1e6 if tokens_per_s > 0 else math.inf
         cross = sum(v for (ra, rb), v in pair_bytes.items() if ra != rb)
         return Prediction(
@@ -294,35 +313,48 @@ class CostModel:
             bottleneck=bottleneck,
         )
 
-    def _group_sync(self, members: Sequence[str], z: float) -> tuple[float, list[tuple[str, str, float]]] | None:
-        """Hierarchical all-reduce of ``z`` bytes: per-region reduce-scatter/all-gather + leaders' all-reduce."""
-        sc = self.sc
+    def _group_sync(self, members: Sequence[str], z: float, sent: dict[tuple[str, str], float]) -> float | None:
+        """Seconds of one hierarchical all-reduce of ``z`` bytes; adds bytes per region pair to ``sent``.
+
+        Reduce-scatter inside each region, butterfly all-reduce between one
+        leader per region, all-gather inside each region.
+        """
+        sc, region = self.sc, self.region_of
         by_region: dict[str, list[str]] = {}
         for q in members:
-            by_region.setdefault(sc._peer[q].region, []).append(q)
-        intra, sent = 0.0, []
-        for region, qs in by_region.items():
-            if len(qs) < 2:
+            by_region.setdefault(region[q], []).append(q)
+        intra = 0.0
+        for r, qs in by_region.items():
+            n = len(qs)
+            if n < 2:
                 continue
-            if not sc.has_peer_links:
+            if sc.has_peer_links:
+                coeff = _butterfly_coeff(qs, sc.link)
+            else:
                 # uniform links inside a region: the closed form, O(1) instead of O(n^2)
-                ln = sc.region_link(region, region)
-                if ln is None:
-                    return None
-                n = len(qs)
-                intra = max(intra, 2.0 * (n - 1) / n * z / ln.bytes_per_s + 2.0 * ln.rtt_s)
-                sent.append((qs[0], qs[0], 2.0 * (n - 1) * z))
-                continue
-            res = _butterfly(z, qs, sc)
-            if res is None:
+                ln = sc.region_link(r, r)
+                coeff = None if ln is None else (2.0 * (n - 1) / n / ln.bytes_per_s, 2.0 * ln.rtt_s)
+            if coeff is None:
                 return None
-            intra = max(intra, res[0])
-            sent.extend(res[1])
-        leaders = [qs[0] for qs in by_region.values()]
-        res = _butterfly(z, leaders, sc)
-        if res is None:
+            intra = max(intra, coeff[0] * z + coeff[1])
+            sent[(r, r)] = sent.get((r, r), 0.0) + 2.0 * (n - 1) * z
+        k = len(by_region)
+        if k < 2:
+            return intra
+        if sc.has_peer_links:
+            coeff = _butterfly_coeff([qs[0] for qs in by_region.values()], sc.link)
+        else:
+            key = tuple(sorted(by_region))
+            if key not in self._leader_cache:
+                self._leader_cache[key] = _butterfly_coeff(key, sc.region_link)
+            coeff = self._leader_cache[key]
+        if coeff is None:
             return None
-        return intra + res[0], sent + res[1]
+        for ra in by_region:
+            for rb in by_region:
+                if ra != rb:
+                    sent[(ra, rb)] = sent.get((ra, rb), 0.0) + 2.0 * z / k
+        return intra + coeff[0] * z + coeff[1]
 
 
 def evaluate(

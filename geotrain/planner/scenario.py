@@ -70,7 +70,7 @@ class Link:
     b: str
     bandwidth_gbps: float
     rtt_ms: float
-    usd_per_gb: float | None = None  # overrides the sender region's egress price on this link
+    usd_per_gb: float | None = None  # region links only: overrides the sender region's egress price
 
     @property
     def bytes_per_s(self) -> float:
@@ -147,6 +147,7 @@ class Scenario:
     job: Job
     _index: dict[tuple[str, str], Link] = field(default_factory=dict, init=False, repr=False, compare=False)
     _peer: dict[str, Peer] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _has_peer_links: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.peers:
@@ -169,6 +170,10 @@ class Scenario:
                 raise ScenarioError(f"links[{i}]: a and b must both be regions or both be peer ids")
             if ln.a == ln.b and ln.a in self._peer:
                 raise ScenarioError(f"links[{i}]: a peer has no link to itself; drop it")
+            if ln.a in self._peer:
+                object.__setattr__(self, "_has_peer_links", True)
+                if ln.usd_per_gb is not None:
+                    raise ScenarioError(f"links[{i}]: usd_per_gb belongs on region links; drop it here")
             self._index[(ln.a, ln.b)] = ln
             self._index[(ln.b, ln.a)] = ln
 
@@ -191,14 +196,13 @@ class Scenario:
 
     @property
     def has_peer_links(self) -> bool:
-        return any(ln.a in self._peer for ln in self.links)
+        return self._has_peer_links
 
-    def egress_usd_per_gb(self, a: str, b: str) -> float:
-        """Price per GB sent from peer ``a`` to peer ``b`` (0 inside a region)."""
-        ra, rb = self._peer[a].region, self._peer[b].region
+    def egress_usd_per_gb(self, ra: str, rb: str) -> float:
+        """Price per GB sent from region ``ra`` to region ``rb`` (0 inside a region)."""
         if ra == rb:
             return 0.0
-        ln = self.link(a, b)
+        ln = self._index.get((ra, rb))
         if ln is not None and ln.usd_per_gb is not None:
             return ln.usd_per_gb
         return self.regions[ra].egress_usd_per_gb

@@ -67,7 +67,7 @@ class Scorer:
             self.last_reason = "the layers do not fit the peers' memory"
             return None
         pipes = assign(grid, bounds)
-        pred = self.cm.predict(pipes, detail=False, check_memory=False)
+        pred = self.cm.predict(pipes, detail=False, trusted=True)
         if isinstance(pred, str):
             self.last_reason = pred
             return None
@@ -134,8 +134,12 @@ def _region_order(cm: CostModel, regions: list[str]) -> list[str]:
     return order
 
 
-def pack(cm: CostModel, chosen: Sequence[str], S: int, P: int) -> Grid:
-    """Pipelines inside regions first, leftovers chained across regions; columns sorted by speed."""
+def pack(cm: CostModel, chosen: Sequence[str], S: int, P: int, *, by: str = "flops") -> Grid:
+    """Pipelines inside regions first, leftovers chained across regions; columns sorted by ``by``.
+
+    ``by`` is ``"flops"`` (column s gathers similar speeds) or ``"memory"``
+    (similar memory: the first stages keep the most microbatches in flight).
+    """
     peers = cm.sc._peer
     by_region: dict[str, list[str]] = {}
     for q in chosen:
@@ -160,7 +164,10 @@ def pack(cm: CostModel, chosen: Sequence[str], S: int, P: int) -> Grid:
                 runs[-1].append(q)
             else:
                 runs.append([q])
-        out.append(tuple(q for run in runs for q in sorted(run, key=lambda x: (-peers[x].flops, x))))
+        if by == "memory":
+            out.append(tuple(q for run in runs for q in sorted(run, key=lambda x: (-peers[x].memory_bytes, x))))
+        else:
+            out.append(tuple(q for run in runs for q in sorted(run, key=lambda x: (-peers[x].flops, x))))
     return tuple(out)
 
 
@@ -203,11 +210,13 @@ def local_search(score: Scorer, start: Candidate, all_ids: Sequence[str], *, bud
     n_cells = len(best.grid) * len(best.grid[0])
     full = n_cells * (n_cells - 1) // 2 + n_cells * len(spares) <= budget
     spent = 0
+    # sampled moves: give up after this many failures in a row (a local optimum, most likely)
+    patience = max(200, 4 * n_cells)
     while spent < budget and time.monotonic() < deadline:
         if full:
             moves: Iterable[tuple[Grid, list[str]]] = _neighbours(best.grid, spares)
         else:
-            moves = (_random_move(best.grid, spares, rng) for _ in range(min(budget - spent, 4 * n_cells)))
+            moves = (_random_move(best.grid, spares, rng) for _ in range(min(budget - spent, patience)))
         improved = False
         for g, sp in moves:
             spent += 1
@@ -217,7 +226,7 @@ def local_search(score: Scorer, start: Candidate, all_ids: Sequence[str], *, bud
                 break
             if spent >= budget or time.monotonic() >= deadline:
                 break
-        if not improved and full:
+        if not improved:
             break
     return best
 
@@ -235,28 +244,93 @@ def _random_move(grid: Grid, spares: Sequence[str], rng: random.Random) -> tuple
     return tuple(tuple(r) for r in g), sp
 
 
+def _orders(cm: CostModel, objective: Objective, peer_ids: Sequence[str]) -> list[list[str]]:
+    """Peer orders to pack from: by each ranking, then each region's peers first (best regions first)."""
+    ranks = rankings(cm, objective)
+    orders = [sorted(peer_ids, key=rank) for rank in ranks]
+    primary = orders[0]
+    peers = cm.sc._peer
+    power: dict[str, float] = {}
+    for q in peer_ids:
+        power[peers[q].region] = power.get(peers[q].region, 0.0) + peers[q].flops
+    for r in sorted(power, key=lambda r: (-power[r], r))[:4] if len(power) > 1 else []:
+        orders.append([q for q in primary if peers[q].region == r] + [q for q in primary if peers[q].region != r])
+    return orders
+
+
 def heuristic(score: Scorer, peer_ids: Sequence[str], *, seed: int = 0, time_budget_s: float = 10.0,
-              keep: int = 3) -> Candidate | None:
-    """Region-aware packing for every shape, then local search on the ``keep`` best shapes."""
+              keep: int | None = None, stall_stages: int = 4) -> Candidate | None:
+    """Region-aware packing for every shape, then local search on the ``keep`` best shapes.
+
+    Shapes are scanned by growing stage count; the scan stops once
+    ``stall_stages`` stage counts in a row have not improved the best shape
+    (more stages than needed only add fill/drain and hops). Packing starts
+    from several peer orders (by the objective's ranking, by speed, by
+    memory, and each strong region first); on large swarms the scan uses the
+    first order only and the others are tried on the best shapes. Small
+    swarms then get iterated local search (kicks of two random swaps).
+    """
     cm = score.cm
     rng = random.Random(seed)
     deadline = time.monotonic() + time_budget_s
     n = len(peer_ids)
+    small = n <= 16
+    keep = keep if keep is not None else (1000 if small else 3)
+    orders = _orders(cm, score.objective, peer_ids)
+    scan_orders = orders if small else orders[:1]
+    by_stages: dict[int, list[int]] = {}
+    for S, P in shapes(cm, n, dense=small):
+        by_stages.setdefault(S, []).append(P)
     per_shape: list[Candidate] = []
-    orders = [sorted(peer_ids, key=rank) for rank in rankings(cm, score.objective)]
-    for S, P in shapes(cm, n, dense=n <= 64):
-        best: Candidate | None = None
-        for order in orders:
-            c = score(pack(cm, order[:S * P], S, P))
-            if c is not None and (best is None or c.score < best.score):
-                best = c
-        if best is not None:
-            per_shape.append(best)
+    best_score, stalled = math.inf, 0
+    for S, ps in sorted(by_stages.items()):
+        found = False
+        for P in ps:
+            shape_best: Candidate | None = None
+            starts = [pack(cm, order[:S * P], S, P, by=by) for order in scan_orders
+                      for by in (("flops", "memory") if small else ("flops",))]
+            if small:  # a few random grids too: packing can miss memory-feasible shapes on odd swarms
+                for _ in range(8):
+                    shuffled = list(peer_ids)
+                    rng.shuffle(shuffled)
+                    starts.append(tuple(tuple(shuffled[p * S:(p + 1) * S]) for p in range(P)))
+            for g in starts:
+                c = score(g)
+                if c is not None and (shape_best is None or c.score < shape_best.score):
+                    shape_best = c
+            if shape_best is not None:
+                per_shape.append(shape_best)
+                found = True
+                if shape_best.score < best_score:
+                    best_score, stalled = shape_best.score, -1
+        if found:
+            stalled += 1
+            if stalled >= stall_stages or time.monotonic() > deadline:
+                break
     if not per_shape:
         return None
     per_shape.sort(key=lambda c: c.score)
-    budget = 3000 if n <= 16 else 600
-    results = []
+    top: list[Candidate] = []
     for c in per_shape[:keep]:
-        results.append(local_search(score, c, peer_ids, budget=budget, rng=rng, deadline=deadline))
+        S, P = len(c.grid[0]), len(c.grid)
+        for order in ([] if small else orders[1:]):
+            alt = score(pack(cm, order[:S * P], S, P))
+            if alt is not None and alt.score < c.score:
+                c = alt
+        top.append(c)
+    budget = 3000 if small else 1500
+    results = []
+    for c in top:
+        c = local_search(score, c, peer_ids, budget=budget, rng=rng, deadline=deadline)
+        for _ in range(6 if small else 0):  # iterated local search: kick, descend, keep if better
+            used = {q for row in c.grid for q in row}
+            spares = [q for q in peer_ids if q not in used]
+            g, _ = _random_move(*_random_move(c.grid, spares, rng), rng)
+            kicked = score(g)
+            if kicked is None:
+                continue
+            kicked = local_search(score, kicked, peer_ids, budget=budget, rng=rng, deadline=deadline)
+            if kicked.score < c.score:
+                c = kicked
+        results.append(c)
     return min(results, key=lambda c: c.score)
