@@ -52,7 +52,12 @@ KINDS = ("pp.act", "pp.grad", "pp.tgt", "pp.tied")
 
 @dataclass
 class StepMetrics:
-    """What one inner step cost this stage. ``bubble_fraction`` = 1 - compute_s / wall_s."""
+    """What one inner step cost this stage.
+
+    ``compute_s``: forward + backward time; ``optimizer_s``: the optimizer step;
+    ``bubble_fraction`` = 1 - (compute_s + optimizer_s) / wall_s, the share of the
+    step this stage sat idle (waiting on neighbours, fill and drain).
+    """
 
     step: int
     stage: int
@@ -60,6 +65,7 @@ class StepMetrics:
     tokens: int
     wall_s: float
     compute_s: float
+    optimizer_s: float
     recv_wait_s: float
     send_busy_s: float  # sender threads' encode + hand-off time (overlaps compute)
     bubble_fraction: float
@@ -140,8 +146,8 @@ class StageRuntime:
         t1 = time.perf_counter()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        compute_s += time.perf_counter() - t1
-        return self._metrics(step, loss, tokens, compute_s, time.perf_counter() - t0)
+        optimizer_s = time.perf_counter() - t1
+        return self._metrics(step, loss, tokens, compute_s, optimizer_s, time.perf_counter() - t0)
 
     def forward_backward(self, step: int) -> tuple[float | None, float, int]:
         """Run the schedule for ``step``; gradients are left in ``.grad``. Returns (loss, compute seconds, tokens)."""
@@ -300,7 +306,9 @@ class StageRuntime:
         for hop in self._hops.values():
             hop.flush(step)
 
-    def _metrics(self, step: int, loss: float | None, tokens: int, compute_s: float, wall_s: float) -> StepMetrics:
+    def _metrics(
+        self, step: int, loss: float | None, tokens: int, compute_s: float, optimizer_s: float, wall_s: float
+    ) -> StepMetrics:
         sent: dict[str, int] = {}
         busy = 0.0
         for peer, hop in self._hops.items():
@@ -312,6 +320,7 @@ class StageRuntime:
         wait, self._recv_wait = self._recv_wait, 0.0
         return StepMetrics(
             step=step, stage=self.config.stage, loss=loss, tokens=tokens, wall_s=wall_s, compute_s=compute_s,
-            recv_wait_s=wait, send_busy_s=busy, bubble_fraction=max(0.0, 1.0 - compute_s / wall_s) if wall_s else 0.0,
+            optimizer_s=optimizer_s, recv_wait_s=wait, send_busy_s=busy,
+            bubble_fraction=max(0.0, 1.0 - (compute_s + optimizer_s) / wall_s) if wall_s else 0.0,
             bytes_sent=sent, bytes_recv=recv, dropped=dropped,
         )

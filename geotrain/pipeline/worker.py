@@ -50,6 +50,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--wire-timeout", type=float, default=60.0)
     p.add_argument("--data-bytes", type=int, default=512 << 10)
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    p.add_argument("--no-tie", action="store_true", help="untie the GPT preset's embedding and head")
+    p.add_argument("--bandwidth-mbit", type=float, default=0.0,
+                   help="emulate this bandwidth (Mbit/s) on every hop in the transport (0: none). EMULATION ONLY")
+    p.add_argument("--rtt-ms", type=float, default=0.0, help="emulated round-trip time of every hop")
     return p
 
 
@@ -66,7 +70,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = resolve_model(args.model, seed=args.seed)
+    if args.no_tie and ":" not in args.model:
+        from geotrain.models import GPTConfig
+
+        model = resolve_model(GPTConfig.preset(args.model, tie_embeddings=False))
+    else:
+        model = resolve_model(args.model, seed=args.seed)
     layers = (
         tuple(int(v) for v in args.layers.split(","))
         if args.layers
@@ -93,7 +102,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         wired.set()
         return Message(kind="pp.wired")
 
-    with Transport(TransportConfig(), peer_id=args.peer_id).start() as transport:
+    emulator = None
+    if args.bandwidth_mbit > 0 or args.rtt_ms > 0:
+        from geotrain.emulate.links import LinkEmulator, LinkEmulatorConfig, LinkPath
+
+        # every stage is its own region r{s}; every other stage is one emulated hop away
+        path = LinkPath(delay_s=args.rtt_ms / 2e3, bandwidth_bps=args.bandwidth_mbit * 1e6 / 8 or None)
+        here = f"r{args.stage}"
+        emulator = LinkEmulator(LinkEmulatorConfig(
+            local_region=here, paths={(here, f"r{o}"): path for o in range(args.num_stages) if o != args.stage}))
+    with Transport(TransportConfig(), peer_id=args.peer_id, region=f"r{args.stage}", emulator=emulator) as transport:
         transport.serve("pp.wire", on_wire)
         transport.set_context(job=args.job, plan_version=0)
         _emit("ready", peer=args.peer_id, address=transport.address, layers=list(layers))
@@ -104,9 +122,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if len(order) != args.num_stages:
             _emit("failed", peer=None, step=None, error=f"pp.wire named {len(order)} peers for {args.num_stages} stages")
             return 3
-        for pid in order:
+        for o, pid in enumerate(order):
             if pid != args.peer_id:
-                transport.connect(pid, table[pid])
+                transport.connect(pid, table[pid], region=f"r{o}")
         s, n = args.stage, args.num_stages
         runtime = StageRuntime(
             cfg, stage=stage, transport=transport,
