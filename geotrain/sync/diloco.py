@@ -36,7 +36,7 @@ from torch import nn
 from geotrain.errors import ConfigError
 from geotrain.sync.config import DiLoCoConfig
 from geotrain.sync.membership import Membership, RoundId
-from geotrain.sync.outer import Fragment, OuterState, split_fragments
+from geotrain.sync.outer import Fragment, OuterState, commit, split_fragments
 from geotrain.sync.round import RoundOutcome, RoundRunner, SyncStats
 from geotrain.transport import Transport
 
@@ -146,17 +146,7 @@ class DiLoCoSync:
             logger.info("round %s discarded: %s", outcome.round_id, outcome.reason)
             return
         assert outcome.delta is not None
-        outer, frag = self.outer[p], self.fragments[p]
-        old_global = outer.global_flat.clone()
-        outer.step(outcome.delta)
-        local = frag.flat()  # (N_p,)
-        if self.peer_id not in outcome.contributors:
-            frag.assign(local + (outer.global_flat - old_global))
-        elif self.config.overlap == 0:
-            frag.assign(outer.global_flat)
-        else:
-            alpha = self.config.mixing
-            frag.assign(local * alpha + outer.global_flat * (1.0 - alpha))
+        commit(self.fragments[p], self.outer[p], outcome.delta, counted=self.peer_id in outcome.contributors)
 
     # -- checkpoints and joiners -------------------------------------------------------------------
     def global_flat(self) -> torch.Tensor:

@@ -17,7 +17,7 @@ from torch import nn
 from geotrain.errors import ConfigError
 from geotrain.sync.config import DiLoCoConfig
 
-__all__ = ["Fragment", "split_fragments", "OuterState"]
+__all__ = ["Fragment", "split_fragments", "OuterState", "commit"]
 
 
 @dataclass
@@ -122,3 +122,22 @@ class OuterState:
         self.momentum = mom.detach().clone().float() if isinstance(mom, torch.Tensor) else None
         version = state.get("version", 0)
         self.version = int(version) if isinstance(version, int) else int(version.item())
+
+
+def commit(fragment: Fragment, outer: OuterState, delta: torch.Tensor, *, counted: bool) -> None:
+    """The commit point on one member: outer step with the group's pseudo-gradient, then the local weights.
+
+    Counted members take the new global weights (mixed with their current ones by
+    ``mixing`` when the round overlapped ``overlap > 0`` inner steps); a member whose
+    vector was not counted shifts its weights by the same update, keeping its own progress.
+    """
+    config = outer.config
+    old_global = outer.global_flat.clone()
+    outer.step(delta)
+    local = fragment.flat()  # (N,)
+    if not counted:
+        fragment.assign(local + (outer.global_flat - old_global))
+    elif config.overlap == 0:
+        fragment.assign(outer.global_flat)
+    else:
+        fragment.assign(local * config.mixing + outer.global_flat * (1.0 - config.mixing))

@@ -1,0 +1,159 @@
+"""Faults inside a round: silent members, a silent coordinator, NaN from a member and from a hostile peer."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from geotrain.sync import Member, RoundId, RoundRoles
+from geotrain.sync.payload import CARRIER
+from geotrain.transport import Message, Transport, TransportConfig
+from tests.sync.conftest import Group, exact_config, flat_params, seeded_model
+
+REGIONS = ["eu", "eu", "us", "us"]
+FLOOR = 1.0  # deadline floor: a round ends by 2 x this
+
+
+def _perturb(group: Group) -> dict[str, torch.Tensor]:
+    out = {}
+    for i, peer in enumerate(group.peers):
+        g = torch.Generator().manual_seed(7 + i)
+        with torch.no_grad():
+            for p in peer.model.parameters():
+                p.add_(torch.randn(p.shape, generator=g) * 0.1)
+        out[peer.peer_id] = flat_params(peer.model)
+    return out
+
+
+def _roles(group: Group) -> RoundRoles:
+    members = [Member(p.peer_id, p.transport.region, p.transport.address) for p in group.peers]
+    return RoundRoles.build(members, RoundId(0, 1), hierarchical=True)
+
+
+def _pick(group: Group, role: str) -> str:
+    roles = _roles(group)
+    coordinator = roles.coordinator.peer_id
+    leaders = {m.peer_id for m in roles.leaders.values()}
+    if role == "coordinator":
+        return coordinator
+    if role == "leader":
+        return sorted(leaders - {coordinator})[0]
+    return sorted({p.peer_id for p in group.peers} - leaders)[0]
+
+
+def _silence_one(group: Group, role: str) -> tuple[str, list, dict[str, torch.Tensor], float]:
+    group.build(REGIONS, exact_config(deadline_floor_s=FLOOR), seeded_model())
+    locals_ = _perturb(group)
+    silent = _pick(group, role)
+    survivors = [p for p in group.peers if p.peer_id != silent]
+    t0 = time.monotonic()
+    outcomes = group.step_all(1, survivors)
+    return silent, outcomes, locals_, time.monotonic() - t0
+
+
+def _assert_identical(peers: list) -> None:
+    first = peers[0].sync.global_flat()
+    for p in peers:
+        assert torch.equal(p.sync.global_flat(), first)
+
+
+def test_silent_member_is_left_out_and_survivors_agree(group: Group) -> None:
+    silent, outcomes, locals_, took = _silence_one(group, "member")
+    survivors = [p for p in group.peers if p.peer_id != silent]
+    assert took < 2 * FLOOR + 1.0
+    for out in outcomes:
+        assert out[0].committed and silent not in out[0].contributors and len(out[0].contributors) == 3
+    expected = torch.stack([v for k, v in locals_.items() if k != silent]).mean(0)
+    torch.testing.assert_close(survivors[0].sync.global_flat(), expected, atol=1e-6, rtol=0)
+    _assert_identical(survivors)
+
+
+def test_silent_leader_region_learns_result_by_asking(group: Group) -> None:
+    silent, outcomes, locals_, took = _silence_one(group, "leader")
+    survivors = [p for p in group.peers if p.peer_id != silent]
+    assert took < 2 * FLOOR + 1.0
+    silent_region = next(p.transport.region for p in group.peers if p.peer_id == silent)
+    counted = sorted(p.peer_id for p in group.peers if p.transport.region != silent_region)
+    for peer, out in zip(survivors, outcomes, strict=True):
+        assert out[0].committed, out[0].reason
+        assert sorted(out[0].contributors) == counted
+    # the uncounted survivor applied the outer step and kept its own progress on top
+    orphan = next(p for p in survivors if p.transport.region == silent_region)
+    g0 = flat_params(seeded_model()())
+    shift = orphan.sync.global_flat() - g0
+    torch.testing.assert_close(flat_params(orphan.model), locals_[orphan.peer_id] + shift, atol=1e-6, rtol=0)
+    _assert_identical(survivors)
+
+
+def test_silent_coordinator_means_discard_everywhere(group: Group) -> None:
+    silent, outcomes, locals_, took = _silence_one(group, "coordinator")
+    survivors = [p for p in group.peers if p.peer_id != silent]
+    assert took < 2 * FLOOR + 2.0
+    g0 = flat_params(seeded_model()())
+    for peer, out in zip(survivors, outcomes, strict=True):
+        assert not out[0].committed
+        assert torch.equal(peer.sync.global_flat(), g0)
+        assert torch.equal(flat_params(peer.model), locals_[peer.peer_id])  # local progress kept
+        assert peer.sync.stats.rounds_discarded == 1
+
+
+def test_quorum_lost_round_is_discarded(group: Group) -> None:
+    group.build(REGIONS, exact_config(deadline_floor_s=FLOOR, quorum=1.0), seeded_model())
+    _perturb(group)
+    silent = _pick(group, "member")
+    outcomes = group.step_all(1, [p for p in group.peers if p.peer_id != silent])
+    for out in outcomes:
+        assert not out[0].committed and "quorum" in out[0].reason
+
+
+def test_member_with_nan_weights_abstains_and_is_named(group: Group) -> None:
+    group.build(REGIONS, exact_config(deadline_floor_s=FLOOR), seeded_model())
+    locals_ = _perturb(group)
+    bad = group.peers[_index(group, _pick(group, "member"))]
+    with torch.no_grad():
+        next(bad.model.parameters()).view(-1)[0] = float("nan")
+    outcomes = group.step_all(1)
+    for out in outcomes:
+        assert out[0].committed and bad.peer_id not in out[0].contributors
+    leader_out = outcomes[_index(group, _leader_of(group, bad.peer_id))][0]
+    assert "NaN" in leader_out.excluded[bad.peer_id]
+    expected = torch.stack([v for k, v in locals_.items() if k != bad.peer_id]).mean(0)
+    torch.testing.assert_close(group.peers[0].sync.global_flat(), expected, atol=1e-6, rtol=0)
+
+
+def test_hostile_nan_payload_is_excluded_and_sender_named(group: Group) -> None:
+    hostile = Transport(TransportConfig(), peer_id="zz-hostile", region="eu").start()
+    group.transports.append(hostile)
+    extra = Member(hostile.peer_id, "eu", hostile.address)
+    group.build(REGIONS, exact_config(deadline_floor_s=FLOOR, quorum=0.5), seeded_model(), extra=[extra])
+    locals_ = _perturb(group)
+    members = [Member(p.peer_id, p.transport.region, p.transport.address) for p in group.peers] + [extra]
+    roles = RoundRoles.build(members, RoundId(0, 1), hierarchical=True)
+    leader = roles.leaders["eu"]
+    assert leader.peer_id != hostile.peer_id
+    n = group.peers[0].sync.fragments[0].numel
+    poison = torch.full((n,), float("nan"))
+    hostile.connect(leader.peer_id, leader.address, region="eu")
+    entry = {"codec": "none:allow_nonfinite=true", "meta": {"shape": [n], "dtype": "float32", "wire": "float32"}, "nbuf": 1}
+    hostile.send(
+        leader.peer_id,
+        Message("sync.contrib", ("stage0", 0, 1), meta={"payload": entry}, tensors={"p.0": poison}),
+        codec=CARRIER, timeout=5.0,
+    )
+    outcomes = group.step_all(1)
+    leader_out = outcomes[_index(group, leader.peer_id)][0]
+    assert leader_out.committed and hostile.peer_id not in leader_out.contributors
+    assert "NaN" in leader_out.excluded[hostile.peer_id]
+    expected = torch.stack(list(locals_.values())).mean(0)
+    torch.testing.assert_close(group.peers[0].sync.global_flat(), expected, atol=1e-6, rtol=0)
+    _assert_identical(group.peers)
+
+
+def _index(group: Group, peer_id: str) -> int:
+    return [p.peer_id for p in group.peers].index(peer_id)
+
+
+def _leader_of(group: Group, peer_id: str) -> str:
+    roles = _roles(group)
+    return roles.leaders[roles.group_of(peer_id)].peer_id
