@@ -3,7 +3,9 @@
 An *objective* is one of:
 
 - ``"throughput"``: most tokens/s (ties: lower USD per 1M tokens);
-- ``"cost"``: lowest USD per 1M tokens (ties: more tokens/s);
+- ``"cost"``: lowest USD per 1M tokens, where near-ties go to the faster plan:
+  10x the tokens/s is worth 2% of the price per token (2x: 0.6%), so a flat
+  price curve scales out instead of halving speed to save a rounding error;
 - ``{"max_usd_per_hour": X}``: most tokens/s while the swarm costs at most X USD/hour;
 - ``{"min_tokens_per_s": Y}``: lowest USD per 1M tokens while making at least Y tokens/s.
 
@@ -15,6 +17,7 @@ heuristic, genetic) compares plans the same way.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -24,6 +27,8 @@ KINDS = ("throughput", "cost", "max_usd_per_hour", "min_tokens_per_s")
 # A violated constraint adds this much per relative unit of violation, so any
 # plan that meets the constraint beats any plan that does not.
 _PENALTY = 1e12
+# The cost objective minimises usd_per_mtok * (1 - COST_SPEED_TRADE * log10(tokens/s)).
+COST_SPEED_TRADE = 0.02
 
 
 class _Figures(Protocol):
@@ -98,4 +103,5 @@ class Objective:
         if self.kind in ("throughput", "max_usd_per_hour"):
             # tiny tie-break on price so equal-speed plans prefer the cheaper one
             return penalty - p.tokens_per_s + 1e-9 * p.usd_per_mtok
-        return penalty + p.usd_per_mtok - 1e-12 * p.tokens_per_s
+        # near-equal price per token: the faster plan finishes sooner (see COST_SPEED_TRADE)
+        return penalty + p.usd_per_mtok * (1.0 - COST_SPEED_TRADE * math.log10(max(p.tokens_per_s, 1.0)))

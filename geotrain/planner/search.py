@@ -258,6 +258,24 @@ def _orders(cm: CostModel, objective: Objective, peer_ids: Sequence[str]) -> lis
     return orders
 
 
+def _refine_pipelines(score: Scorer, found: list[Candidate], order: Sequence[str], n: int,
+                      keep: int) -> list[Candidate]:
+    """Hill-climb the pipeline count of the best shapes one step at a time (the scan used a ladder)."""
+    out = []
+    for c in found[:keep]:
+        S, P = len(c.grid[0]), len(c.grid)
+        best = c
+        for step in (1, -1):
+            q = P + step
+            while 1 <= q <= n // S:
+                alt = score(pack(score.cm, order[:S * q], S, q))
+                if alt is None or alt.score >= best.score:
+                    break
+                best, q = alt, q + step
+        out.append(best)
+    return out
+
+
 def heuristic(score: Scorer, peer_ids: Sequence[str], *, seed: int = 0, time_budget_s: float = 10.0,
               keep: int | None = None, stall_stages: int = 4) -> Candidate | None:
     """Region-aware packing for every shape, then local search on the ``keep`` best shapes.
@@ -310,6 +328,9 @@ def heuristic(score: Scorer, peer_ids: Sequence[str], *, seed: int = 0, time_bud
     if not per_shape:
         return None
     per_shape.sort(key=lambda c: c.score)
+    if not small and not cm.sc.job.pipelines:
+        per_shape = _refine_pipelines(score, per_shape, orders[0], n, keep) + per_shape
+        per_shape.sort(key=lambda c: c.score)
     top: list[Candidate] = []
     for c in per_shape[:keep]:
         S, P = len(c.grid[0]), len(c.grid)

@@ -1,0 +1,56 @@
+"""``geotrain plan`` on the shipped scenarios: the JSON shape, the tables, and clean errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from geotrain.cli import main
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "scenarios"
+
+
+def test_json_shape_is_exactly_the_issue(capsys):
+    assert main(["plan", "--scenario", str(EXAMPLES / "demo.json"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"plan", "predicted", "baselines", "solve_s"}
+    assert set(out["plan"]) == {"pipelines", "spares"}
+    keys = {"tokens_per_s", "usd_per_hour", "usd_per_mtok", "step_s", "cross_region_bytes_per_step"}
+    assert set(out["predicted"]) == keys
+    assert set(out["baselines"]) == {"random", "round_robin", "greedy_region", "genetic"}
+    assert all(v is None or set(v) == keys for v in out["baselines"].values())
+    for pipe in out["plan"]["pipelines"]:
+        assert pipe[0]["layers"][0] == 0 and pipe[-1]["layers"][1] == 26
+        assert all(set(st) == {"peer", "layers"} for st in pipe)
+
+
+def test_human_tables(capsys):
+    assert main(["plan", "--scenario", str(EXAMPLES / "demo.json"), "--objective", "cost"]) == 0
+    out = capsys.readouterr().out
+    for word in ("pipeline", "region", "tokens/s", "USD/1M tokens", "genetic", "greedy_region", "bytes per inner step"):
+        assert word in out
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.json")))
+def test_every_example_plans(name, capsys):
+    assert main(["plan", "--scenario", str(EXAMPLES / name), "--json", "--no-baselines", "--time-budget", "5"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["predicted"]["tokens_per_s"] > 0 and out["baselines"] == {}
+
+
+def test_errors_are_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    d = json.loads((EXAMPLES / "demo.json").read_text())
+    d["peers"][0]["memory_gb"] = "lots"
+    bad.write_text(json.dumps(d))
+    assert main(["plan", "--scenario", str(bad)]) == 2
+    assert "peers[0].memory_gb must be a number" in capsys.readouterr().err
+    assert main(["plan", "--scenario", str(tmp_path / "missing.json")]) == 2
+    assert "cannot read scenario" in capsys.readouterr().err
+    d = json.loads((EXAMPLES / "demo.json").read_text())
+    d["links"] = [ln for ln in d["links"] if ln["a"] == ln["b"]]
+    bad.write_text(json.dumps(d))
+    assert main(["plan", "--scenario", str(bad)]) == 2
+    assert "regions are disconnected" in capsys.readouterr().err
