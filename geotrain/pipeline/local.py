@@ -102,6 +102,12 @@ class LocalPipeline:
         assert loss is not None
         return float(loss)
 
+    def evaluate(self, eval_id: int, batches: Sequence[torch.Tensor]) -> float:
+        """Validation loss of the pipeline over ``batches`` (forward only, over the hops)."""
+        loss = self._all(lambda rt: rt.run_eval(eval_id, batches.__getitem__, len(batches)))[-1]
+        assert loss is not None
+        return float(loss)
+
     def named_grads(self) -> dict[str, torch.Tensor]:
         """Every stage's parameter gradients by global name (a tied copy under each stage's own name)."""
         return {n: p.grad for st in self.stages for n, p in st.named_parameters() if p.grad is not None}

@@ -14,7 +14,8 @@ Messages (kind, tag) — every one also carries job, plan version and step:
 - ``pp.act`` ``(pipeline, step, mb)``: activations, stage s -> s + 1, the hop's activation codec;
 - ``pp.grad`` ``(pipeline, step, mb)``: activation gradients, s -> s - 1, the hop's gradient codec;
 - ``pp.tgt`` ``(pipeline, step)``: targets, first -> last stage (only with ``targets_from_first``);
-- ``pp.tied`` ``(pipeline, step, group)``: gradient of a weight tied across stages, first <-> last, lossless.
+- ``pp.tied`` ``(pipeline, step, group)``: gradient of a weight tied across stages, first <-> last, lossless;
+- ``pp.eval`` / ``pp.evaltgt`` ``(pipeline, eval_id, i)``: forward-only validation activations / targets.
 
 A message from another job, plan version or sender than expected is dropped
 and counted as ``foreign``; leftovers of earlier steps are discarded at the
@@ -23,6 +24,8 @@ start of a step and counted as ``stale``. A neighbour that stays silent past
 naming that peer and the step. What happens to the step then: gradients of the
 failed step are dropped (``zero_grad``) and weights are as after the last
 completed step; retrying, rerouting or replanning is the caller's decision.
+A hop whose send failed stays failed: build a new runtime (for the new plan
+version) rather than reusing this one.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ __all__ = ["StageRuntime", "StepMetrics"]
 logger = logging.getLogger(__name__)
 
 KINDS = ("pp.act", "pp.grad", "pp.tgt", "pp.tied")
+EVAL_KINDS = ("pp.eval", "pp.evaltgt")
 
 
 @dataclass
@@ -180,6 +184,50 @@ class StageRuntime:
             mine = t.param.grad if t.param.grad is not None else torch.zeros_like(t.param)
             t.param.grad = mine + theirs.to(mine.dtype)  # a + b == b + a exactly: both ends stay bitwise equal
         self._flush(step)
+
+    @torch.no_grad()
+    def run_eval(self, eval_id: int, batches: Callable[[int], torch.Tensor] | None, num_batches: int) -> float | None:
+        """Forward-only mean loss over ``num_batches`` validation batches; the last stage returns it.
+
+        ``batches(i)`` gives validation batch ``i`` as ``(B, T + 1)``: needed on the first stage, and on
+        the last unless ``targets_from_first``. ``eval_id`` (e.g. the inner step) keys the messages;
+        use a fresh one per evaluation. Activations use the hop's activation codec.
+        """
+        c = self.config
+        if (c.is_first or (c.is_last and not c.targets_from_first)) and batches is None:
+            raise ConfigError(f"stage {c.stage} needs validation batches for run_eval")
+        p = c.pipeline
+        for kind in EVAL_KINDS:
+            self._dropped["stale"] += self.transport.discard(
+                kind, lambda tag: len(tag) >= 2 and tag[0] == p and tag[1] < eval_id
+            )
+        total = 0.0
+        for i in range(num_batches):
+            batch = batches(i) if batches is not None and (c.is_first or c.is_last) else None
+            if c.is_first:
+                assert batch is not None
+                x: torch.Tensor = batch[:, :-1]
+                if c.targets_from_first and c.num_stages > 1:
+                    assert self.end_peer is not None
+                    self._send(self.end_peer, "pp.evaltgt", (i,), eval_id, {"y": batch[:, 1:].contiguous()},
+                               codec="none")
+            else:
+                assert self.prev_peer is not None
+                x = self._recv("pp.eval", self.prev_peer, eval_id, (i,), "validation activations")["x"]
+            out = self.stage(x)
+            if c.is_last:
+                if c.targets_from_first and not c.is_first:
+                    assert self.end_peer is not None
+                    y = self._recv("pp.evaltgt", self.end_peer, eval_id, (i,), "validation targets")["y"].long()
+                else:
+                    assert batch is not None
+                    y = batch[:, 1:]
+                total += float(self.stage.loss(out, y))
+            else:
+                assert self.next_peer is not None
+                self._send(self.next_peer, "pp.eval", (i,), eval_id, {"x": out})
+        self._flush(eval_id)
+        return total / num_batches if c.is_last else None
 
     def close(self) -> None:
         for hop in self._hops.values():

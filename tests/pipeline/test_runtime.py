@@ -102,14 +102,15 @@ def test_int8_activations_stay_within_two_percent_after_50_steps(dataset) -> Non
             GPTModel(TINY), layers, cfg, seed=SEED, data=data, codecs=[(codec, codec), (codec, codec)]
         ) as pp:
             history = [pp.step(s) for s in range(50)]
-            with torch.no_grad():  # validation loss of the trained stages, chained in this process
+            final[codec] = pp.evaluate(50, val)  # over the hops, with the codec under test
+            with torch.no_grad():  # the same, chained in this process without codecs
                 losses = []
                 for b in val:
                     x = b[:, :-1]
                     for st in pp.stages:
                         x = st(x)
                     losses.append(float(pp.stages[-1].loss(x, b[:, 1:])))
-        final[codec] = sum(losses) / len(losses)
+            assert final[codec] == pytest.approx(sum(losses) / len(losses), rel=1e-3 if codec == "int8" else 1e-6)
         bytes_act[codec] = history[-1][0].bytes_sent["pp-s1"]
         assert final[codec] < history[0][-1].loss - 1.0  # it learned something
     assert abs(final["int8"] - final["none"]) / final["none"] < 0.02, final
@@ -211,3 +212,15 @@ def test_single_stage_pipeline_needs_no_network(dataset) -> None:
     with LocalPipeline(GPTModel(TINY), [(0, TINY.num_blocks)], _config(num_stages=1), seed=SEED, data=data) as pp:
         losses = [pp.step(s)[0].loss for s in range(2)]
     assert losses == pytest.approx(ref_losses, abs=1e-6)
+
+
+def test_validation_loss_over_the_hops(dataset) -> None:
+    val = dataset.val_batches(batch_size=4, seq_len=TINY.seq_len, num_batches=3)
+    full = build_stage(GPTModel(TINY), (0, TINY.num_blocks), SEED)
+    with torch.no_grad():
+        ref = sum(float(full.loss(full(b[:, :-1]), b[:, 1:])) for b in val) / len(val)
+    cfg = _config(targets_from_first=True)
+    with LocalPipeline(GPTModel(TINY), even_split(TINY.num_blocks, 3), cfg, seed=SEED, data=_data(dataset)) as pp:
+        assert pp.evaluate(0, val) == pytest.approx(ref, abs=1e-5)
+        pp.step(0)
+        assert pp.evaluate(1, val) < ref  # one step of training moved it
