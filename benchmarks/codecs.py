@@ -8,7 +8,9 @@ Every codec (ours, and hivemind's ``Float16Compression``,
 same harness on the same two tensors: ``normal`` (standard normal) and
 ``heavy`` (Student-t, 3 degrees of freedom). Repeats are interleaved (every
 codec once, then again) so that load from other processes on a shared machine
-hits all codecs alike; each figure is the median over repeats.
+hits all codecs alike; each figure is the median over repeats. Each line also
+has ``roundtrip_cpu_MBps``: input MB per CPU-second of this process (all its
+threads), which other processes' load barely moves.
 
 One JSON line per codec per tensor: ``{"codec", "impl", "tensor",
 "encode_MBps", "decode_MBps", "roundtrip_MBps", "ratio", "rel_err"}`` where MB
@@ -47,7 +49,7 @@ def make_tensors(numel: int, seed: int = 0) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     normal = torch.randn(numel, generator=gen)
     # Student-t(3) = z / sqrt(chi2_3 / 3): pseudo-gradients and activations have tails like this
-    chi2 = sum(torch.randn(numel, generator=gen) ** 2 for _ in range(3))
+    chi2 = torch.stack([torch.randn(numel, generator=gen) ** 2 for _ in range(3)]).sum(dim=0)
     heavy = torch.randn(numel, generator=gen) / torch.sqrt(chi2 / 3)
     return {"normal": normal, "heavy": heavy}
 
@@ -103,15 +105,17 @@ def measure(entries: list[Entry], x: torch.Tensor, repeat: int) -> dict[str, dic
             "ratio": round(x.numel() * x.element_size() / nbytes, 3),
             "rel_err": float(torch.linalg.vector_norm(y.float() - x) / torch.linalg.vector_norm(x)),
         }
+    cpu: dict[str, list[float]] = {e.codec: [] for e in entries}
     for _ in range(repeat):
         for e in entries:
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             enc = e.encode(x)
             t1 = time.perf_counter()
             e.decode(enc)
-            t2 = time.perf_counter()
+            t2, c2 = time.perf_counter(), time.process_time()
             times[e.codec][0].append(t1 - t0)
             times[e.codec][1].append(t2 - t1)
+            cpu[e.codec].append(max(c2 - c0, 1e-9))
     mb = x.numel() * 4 / 1e6
     for e in entries:
         enc_t, dec_t = times[e.codec]
@@ -120,6 +124,8 @@ def measure(entries: list[Entry], x: torch.Tensor, repeat: int) -> dict[str, dic
             encode_MBps=round(mb / statistics.median(enc_t), 1),
             decode_MBps=round(mb / statistics.median(dec_t), 1),
             roundtrip_MBps=round(mb / statistics.median(rt), 1),
+            # CPU seconds of all this process's threads: barely moved by other processes' load
+            roundtrip_cpu_MBps=round(mb / statistics.median(cpu[e.codec]), 1),
         )
     return results
 
@@ -148,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
         i8 = results["int8"]
         summary[kind] = {
             "int8_over_hivemind_blockwise8_roundtrip": round(i8["roundtrip_MBps"] / bw["roundtrip_MBps"], 2) if bw else None,
+            "int8_over_hivemind_blockwise8_roundtrip_cpu": (
+                round(i8["roundtrip_cpu_MBps"] / bw["roundtrip_cpu_MBps"], 2) if bw else None
+            ),
             "int8_roundtrip_MBps": i8["roundtrip_MBps"],
             "hivemind_blockwise8_roundtrip_MBps": bw["roundtrip_MBps"] if bw else None,
             "int8_rel_err": float(f"{i8['rel_err']:.4g}"),

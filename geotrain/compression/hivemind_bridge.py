@@ -171,7 +171,7 @@ def to_hivemind(codec: Codec | str) -> Any:
             f"codec {c.spec!r} has no exact hivemind format; use 'none', 'fp16' or 'int8:block=4096,scale=fp32'"
         )
 
-    class GeotrainCompression(CompressionBase):  # type: ignore[misc]
+    class GeotrainCompression(CompressionBase):
         compression_type = runtime_pb2.CompressionType.Value(type_name)
 
         def compress(self, tensor: torch.Tensor, info: CompressionInfo, allow_inplace: bool = False) -> Any:
