@@ -99,15 +99,15 @@ def _machine_links(peer_ids: list[str], per_machine: int, gbps: float, rtt_ms: f
     return out
 
 
-def dtfm_scenario(case: int) -> dict[str, Any]:
-    """DT-FM's scenario ``case`` (1..5) with 64 V100s."""
+def dtfm_scenario(case: int, gpus: int = 64) -> dict[str, Any]:
+    """DT-FM's scenario ``case`` (1..5) with ``gpus`` V100s (64 in the paper; fewer for smoke tests)."""
     peers: list[dict[str, Any]] = []
     links: list[dict[str, Any]]
     if case in (1, 2):
         # one data centre: 8-GPU machines on a 25 Gbit/s (on demand) or 10 Gbit/s (spot) fabric
         name = "virginia"
         price = V100_ON_DEMAND if case == 1 else V100_SPOT
-        peers = [{"id": f"v{i:02d}", "region": name, **V100, "usd_per_hour": price} for i in range(64)]
+        peers = [{"id": f"v{i:02d}", "region": name, **V100, "usd_per_hour": price} for i in range(gpus)]
         fabric = 25.0 if case == 1 else 10.0
         links = [{"a": name, "b": name, "bandwidth_gbps": fabric, "rtt_ms": 0.1}]
         per_machine = 8 if case == 1 else 4  # spot: smaller instances
@@ -117,18 +117,18 @@ def dtfm_scenario(case: int) -> dict[str, Any]:
     else:
         regions = {3: ["virginia", "ohio"], 4: ["virginia", "ohio", "oregon", "london"],
                    5: ["oregon", "virginia", "ohio", "tokyo", "seoul", "london", "frankfurt", "ireland"]}[case]
-        per = 64 // len(regions)
+        per = max(1, gpus // len(regions))
         for r in regions:
             peers += [{"id": f"{r[:3]}{i:02d}", "region": r, **V100, "usd_per_hour": V100_ON_DEMAND} for i in range(per)]
         links = _links(regions)
         title = {3: "DT-FM case 3: two universities (Virginia, Ohio)",
                  4: "DT-FM case 4: four regions (US east/west + London)",
                  5: "DT-FM case 5: eight regions world-wide"}[case]
-    return {"name": title, "regions": _regions(regions), "links": links if case in (1, 2) else links,
+    return {"name": title, "regions": _regions(regions), "links": links,
             "peers": peers, "model": dict(GPT3_XL), "job": {**JOB, "objective": "throughput"}}
 
 
-def heterogeneous_price() -> dict[str, Any]:
+def heterogeneous_price(spot_per_region: int = 24, top_up: int = 8) -> dict[str, Any]:
     """Spot V100s in two regions plus a few on-demand top-up peers that are fast but 8x the price.
 
     The question it asks: do the top-up peers pay for themselves? They add a
@@ -137,9 +137,10 @@ def heterogeneous_price() -> dict[str, Any]:
     regions = ["virginia", "ohio", "oregon"]
     peers = []
     for r in ("virginia", "ohio"):
-        peers += [{"id": f"{r[:3]}-spot{i:02d}", "region": r, **V100, "usd_per_hour": V100_SPOT} for i in range(24)]
+        peers += [{"id": f"{r[:3]}-spot{i:02d}", "region": r, **V100, "usd_per_hour": V100_SPOT}
+                  for i in range(spot_per_region)]
     peers += [{"id": f"ore-a100-{i}", "region": "oregon", "tflops": 100.0, "memory_gb": 80.0, "usd_per_hour": 8.0}
-              for i in range(8)]
+              for i in range(top_up)]
     return {"name": "heterogeneous prices: spot V100s + on-demand A100 top-up", "regions": _regions(regions),
             "links": _links(regions), "peers": peers, "model": dict(GPT3_XL),
             "job": {**JOB, "objective": "throughput"}}

@@ -1,0 +1,20 @@
+"""CI smoke of ``python -m benchmarks.planner`` at a tiny size."""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks.planner import main
+
+
+def test_planner_benchmark_smoke(capsys):
+    assert main(["--gpus", "8", "--large", "24", "--hetero", "3", "--ga-budget", "1", "--ga-generations", "5",
+                 "--time-budget", "2"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    plans = [x for x in lines if "plan" in x]
+    assert {x["plan"] for x in plans} == {"ours", "random", "round_robin", "greedy_region", "genetic"}
+    assert {x["scenario"] for x in plans} >= {f"dtfm_case{i}" for i in range(1, 6)} | {"heterogeneous_price", "large_24"}
+    targets = lines[-1]
+    assert targets["targets"] is True and targets["large_solve_s"] is not None
+    assert all(x["ours_over_genetic_cost"] is None or x["ours_over_genetic_cost"] > 0 for x in lines if x.get("summary")
+               and "ours_over_genetic_cost" in x)
