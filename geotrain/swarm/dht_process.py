@@ -56,3 +56,22 @@ class SwarmDHT(DHT):
             except ProcessLookupError:
                 pass
         os._exit(128 + signum)
+
+
+async def p2pd_pid(_dht: DHT, node: Any) -> int | None:
+    """(Runs inside the DHT process, via ``DHT.run_coroutine``.) The pid of its ``p2pd``."""
+    child = getattr(getattr(node, "p2p", None), "_child", None)
+    return getattr(child, "pid", None)
+
+
+def terminate_p2pd(pid: int) -> bool:
+    """SIGTERM ``pid`` if it is still a running ``p2pd`` (the cmdline check guards against pid reuse)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"p2pd" not in f.read().split(b"\0", 1)[0]:
+                return False
+        os.kill(pid, signal.SIGTERM)
+    except (OSError, ProcessLookupError):
+        return False
+    logger.warning("terminated an orphaned p2pd (pid %d) whose DHT process had died", pid)
+    return True

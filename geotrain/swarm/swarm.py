@@ -17,6 +17,7 @@ import logging
 import re
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import CancelledError
 from dataclasses import dataclass
@@ -136,12 +137,23 @@ class Swarm:
         self._last_expiration: dict[str, float] = {}
         self._lock = threading.Lock()
         self._heartbeats: list[Heartbeat] = []
+        self._p2pd_pid: int | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
     @property
     def peer_id(self) -> str:
         """This peer's id: its libp2p peer id, derived from its identity key."""
         return self.identity.peer_id
+
+    @property
+    def dht_pid(self) -> int | None:
+        """Process id of the DHT child (its ``p2pd`` is that process's child); None before start."""
+        return None if self._dht is None else self._dht.pid
+
+    @property
+    def p2pd_pid(self) -> int | None:
+        """Process id of this node's ``p2pd`` daemon; None before start and after shutdown."""
+        return self._p2pd_pid
 
     @property
     def started(self) -> bool:
@@ -197,6 +209,10 @@ class Swarm:
                     "Check that the bootstrap is running and the multiaddrs (with /p2p/<id>) are current."
                 ) from e
             raise SwarmError(f"the DHT node failed to start: {e}") from e
+        from geotrain.swarm.dht_process import p2pd_pid
+
+        # remembered so shutdown() can still stop p2pd if the DHT process dies without cleaning up
+        self._p2pd_pid = self._wait(dht.run_coroutine(p2pd_pid, return_future=True), "find p2pd")
         logger.info("joined swarm %r as %s", cfg.swarm, self.peer_id)
         return self
 
@@ -212,6 +228,11 @@ class Swarm:
             if dht.is_alive():
                 dht.kill()
             dht.join(timeout=5.0)
+        if self._p2pd_pid is not None:
+            from geotrain.swarm.dht_process import terminate_p2pd
+
+            terminate_p2pd(self._p2pd_pid)  # a no-op unless the DHT process died and left it behind
+            self._p2pd_pid = None
         if self._tmpdir is not None:
             self._tmpdir.cleanup()
             self._tmpdir = None
@@ -301,13 +322,22 @@ class Swarm:
             raise RecordError(f"record {field} {claimed!r} is not this peer's id {self.peer_id!r}")
 
     def _wait(self, future: Any, what: str) -> Any:
-        try:
-            return future.result(timeout=self.config.timeout_s)
-        except TimeoutError as e:
-            future.cancel()
-            raise DHTTimeoutError(f"DHT {what} took longer than {self.config.timeout_s}s") from e
-        except CancelledError as e:
-            raise DHTTimeoutError(f"DHT {what} was cancelled (is the DHT process still running?)") from e
+        # Wait in short slices so a DHT process that died (killed, or crashed on bad input)
+        # is reported at once instead of after the whole deadline.
+        deadline = time.monotonic() + self.config.timeout_s
+        while True:
+            try:
+                return future.result(timeout=max(0.0, min(0.5, deadline - time.monotonic())))
+            except TimeoutError as e:
+                if self._dht is None or not self._dht.is_alive():
+                    future.cancel()
+                    code = None if self._dht is None else self._dht.exitcode
+                    raise SwarmError(f"the DHT process died (exit code {code}) during {what}") from e
+                if time.monotonic() >= deadline:
+                    future.cancel()
+                    raise DHTTimeoutError(f"DHT {what} took longer than {self.config.timeout_s}s") from e
+            except CancelledError as e:
+                raise DHTTimeoutError(f"DHT {what} was cancelled (is the DHT process still running?)") from e
 
     def _publish(self, kind: str, record: _Record, ttl_s: float) -> bool:
         from hivemind.utils import MSGPackSerializer, get_dht_time

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from geotrain.errors import BootstrapError, RecordError
+from geotrain.errors import BootstrapError, RecordError, SwarmError
 from geotrain.swarm import JobRecord, LinkMeasurement, LinkRow, PeerRecord, Swarm, SwarmConfig
 
 from .helpers import RawClient, dead_maddr, nested_list_value, nested_tuple_bytes, wait_until
@@ -158,3 +158,31 @@ def test_bootstrap_failure_is_fast_and_clear_and_a_live_second_peer_is_enough(
         assert joined.peer_id in wait_until(lambda: boot.get_peers(), 15)
     finally:
         joined.shutdown()
+
+
+def test_a_dead_dht_process_is_reported_at_once(pair: tuple[Swarm, Swarm]) -> None:
+    import os
+    import signal
+
+    boot, _ = pair
+    swarm = Swarm(SwarmConfig(initial_peers=tuple(boot.visible_maddrs()), **FAST)).start()  # type: ignore[arg-type]
+    try:
+        assert swarm.dht_pid is not None
+        os.kill(swarm.dht_pid, signal.SIGKILL)
+        t = time.monotonic()
+        with pytest.raises(SwarmError, match="DHT process died"):
+            swarm.get_peers()
+        assert time.monotonic() - t < 5  # not the 15 s DHT deadline
+        p2pd = swarm.p2pd_pid
+        assert p2pd is not None and os.path.exists(f"/proc/{p2pd}")  # orphaned by the SIGKILL
+    finally:
+        swarm.shutdown()
+    wait_until(lambda: not _running(p2pd), 10)  # shutdown() still stopped it
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
