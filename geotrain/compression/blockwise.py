@@ -6,7 +6,7 @@ last block may be shorter (the **tail**); nothing is padded on the wire.
 
 Speed: a pass that writes a fresh tensor as large as the input costs more on
 CPU than the arithmetic (page faults on first touch), so quantizing and
-dequantizing walk the (nblocks, block) view in chunks of about 1 MiB through
+dequantizing walk the (nblocks, block) view in chunks of about 4 MiB through
 one small scratch tensor that stays in cache.
 """
 
@@ -21,8 +21,9 @@ import torch
 from geotrain.compression.base import raise_nonfinite
 from geotrain.errors import CodecError
 
-#: Elements per chunk of the quantize/dequantize loops (1 MiB of fp32: fits in L2).
-CHUNK_ELEMS = 1 << 18
+#: Elements per chunk of the quantize/dequantize loops (4 MiB of fp32: stays in the last-level cache;
+#: measured fastest here, and few enough Python iterations that a loaded machine hurts little).
+CHUNK_ELEMS = 1 << 20
 
 #: Scale dtypes by config name and by wire name.
 SCALE_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

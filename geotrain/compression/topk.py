@@ -94,7 +94,7 @@ class TopKCodec(Codec):
         idx = torch.empty(nc, k, dtype=torch.int64)
         vals = torch.empty(nc, k, dtype=torch.float32)
         for r0, r1 in bw.row_chunks(nc, c):
-            # |x| of ~1 MiB at a time: a full-size |x| temporary would cost more than topk itself
+            # |x| of ~4 MiB at a time: a full-size |x| temporary would cost more than topk itself
             _, i = torch.topk(rows[r0:r1].abs(), k, dim=1, sorted=False)  # NaN ranks first
             idx[r0:r1] = i
             vals[r0:r1] = torch.gather(rows[r0:r1], 1, i)  # signed values, cast to fp32
