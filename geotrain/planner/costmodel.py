@@ -313,6 +313,24 @@ class CostModel:
             bottleneck=bottleneck,
         )
 
+    def _intra_with_overrides(self, qs: Sequence[str], region_ln: Link) -> tuple[float, float]:
+        """:func:`_butterfly_coeff` for one region's members: the region link plus each peer's overrides.
+
+        O(n x overrides) instead of O(n^2) link lookups.
+        """
+        n = len(qs)
+        members = set(qs)
+        base = (n - 1) / region_ln.bytes_per_s
+        worst, rtt = 0.0, region_ln.rtt_s
+        for i in qs:
+            t = base
+            for j, ln in self.sc.peer_overrides(i).items():
+                if j in members:
+                    t += 1.0 / ln.bytes_per_s - 1.0 / region_ln.bytes_per_s
+                    rtt = max(rtt, ln.rtt_s)
+            worst = max(worst, t)
+        return 2.0 * worst / n, 2.0 * rtt
+
     def _group_sync(self, members: Sequence[str], z: float, sent: dict[tuple[str, str], float]) -> float | None:
         """Seconds of one hierarchical all-reduce of ``z`` bytes; adds bytes per region pair to ``sent``.
 
@@ -328,11 +346,13 @@ class CostModel:
             n = len(qs)
             if n < 2:
                 continue
-            if sc.has_peer_links:
+            ln = sc.region_link(r, r)
+            if sc.has_peer_links and ln is not None:
+                coeff = self._intra_with_overrides(qs, ln)
+            elif sc.has_peer_links:
                 coeff = _butterfly_coeff(qs, sc.link)
             else:
                 # uniform links inside a region: the closed form, O(1) instead of O(n^2)
-                ln = sc.region_link(r, r)
                 coeff = None if ln is None else (2.0 * (n - 1) / n / ln.bytes_per_s, 2.0 * ln.rtt_s)
             if coeff is None:
                 return None

@@ -148,6 +148,7 @@ class Scenario:
     _index: dict[tuple[str, str], Link] = field(default_factory=dict, init=False, repr=False, compare=False)
     _peer: dict[str, Peer] = field(default_factory=dict, init=False, repr=False, compare=False)
     _has_peer_links: bool = field(default=False, init=False, repr=False, compare=False)
+    _overrides: dict[str, dict[str, Link]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.peers:
@@ -172,6 +173,8 @@ class Scenario:
                 raise ScenarioError(f"links[{i}]: a peer has no link to itself; drop it")
             if ln.a in self._peer:
                 object.__setattr__(self, "_has_peer_links", True)
+                self._overrides.setdefault(ln.a, {})[ln.b] = ln
+                self._overrides.setdefault(ln.b, {})[ln.a] = ln
                 if ln.usd_per_gb is not None:
                     raise ScenarioError(f"links[{i}]: usd_per_gb belongs on region links; drop it here")
             self._index[(ln.a, ln.b)] = ln
@@ -190,6 +193,10 @@ class Scenario:
         if ln is not None:
             return ln
         return self._index.get((self._peer[a].region, self._peer[b].region))
+
+    def peer_overrides(self, peer_id: str) -> dict[str, Link]:
+        """The peer-pair links of ``peer_id``, by the other peer's id."""
+        return self._overrides.get(peer_id, {})
 
     def region_link(self, ra: str, rb: str) -> Link | None:
         return self._index.get((ra, rb))
