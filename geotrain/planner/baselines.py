@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from geotrain.planner.search import Candidate, Scorer
@@ -134,7 +134,7 @@ def decode(score: Scorer, genome: Sequence[str], S: int, P: int) -> Grid:
     return tuple(tuple(r) for r in rows)
 
 
-def _open_tsp(n: int, w) -> list[int]:  # type: ignore[no-untyped-def]
+def _open_tsp(n: int, w: Callable[[int, int], float]) -> list[int]:
     """Shortest open path through all nodes: exact (Held-Karp) up to 10 nodes, else nearest neighbour + 2-opt."""
     if n <= 2:
         return list(range(n))

@@ -347,6 +347,7 @@ class CostModel:
             if n < 2:
                 continue
             ln = sc.region_link(r, r)
+            coeff: tuple[float, float] | None
             if sc.has_peer_links and ln is not None:
                 coeff = self._intra_with_overrides(qs, ln)
             elif sc.has_peer_links:

@@ -32,9 +32,12 @@ COST_SPEED_TRADE = 0.02
 
 
 class _Figures(Protocol):
-    tokens_per_s: float
-    usd_per_hour: float
-    usd_per_mtok: float
+    @property
+    def tokens_per_s(self) -> float: ...
+    @property
+    def usd_per_hour(self) -> float: ...
+    @property
+    def usd_per_mtok(self) -> float: ...
 
 
 @dataclass(frozen=True, kw_only=True)

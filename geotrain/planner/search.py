@@ -78,7 +78,7 @@ def shapes(cm: CostModel, n_peers: int, *, dense: bool) -> list[tuple[int, int]]
     """(stages, pipelines) pairs to try; a geometric ladder of pipeline counts when not ``dense``."""
     job = cm.sc.job
     s_options = [job.stages] if job.stages else list(range(1, min(cm.n_layers, n_peers) + 1))
-    out = []
+    out: list[tuple[int, int]] = []
     for S in s_options:
         top = n_peers // S
         if top < 1:
