@@ -118,7 +118,7 @@ def decode(score: Scorer, genome: Sequence[str], S: int, P: int) -> Grid:
 
     def t(a: str, b: str) -> float:
         ln = sc.link(a, b)
-        return float("inf") if ln is None else 2.0 * hop / ln.bytes_per_s + ln.rtt_s
+        return float("inf") if ln is None else 2.0 * hop / (ln.bytes_per_s * score.cm.hop_ratio(a, b)) + ln.rtt_s
 
     pair: dict[tuple[int, int], tuple[float, list[int]]] = {}
     for i, j in itertools.permutations(range(S), 2):

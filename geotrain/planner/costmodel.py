@@ -17,7 +17,8 @@ Peer :math:`q` computes at :math:`\phi_q` FLOP/s; the link between peers
 .. math:: C_{p,s} = m \sum_{l=a_s}^{b_s-1} f_l / \phi_{q_{p,s}}
 
 **Hop** :math:`s \to s+1`: activations go forward, their gradients (same size)
-come back, each :math:`A_{p,s} = m\,x_{b_s-1}/\kappa_a` bytes, so the link is
+come back, each :math:`A_{p,s} = m\,x_{b_s-1}/\kappa_a` bytes (:math:`\kappa_a = 1`
+on a hop inside one region: the coordinator sends those uncompressed), so the link is
 busy :math:`D_{p,s} = 2A_{p,s}/\beta` per microbatch (the conservative
 shared-link bound of FACTS.md; send threads overlap it with compute).
 
@@ -185,8 +186,16 @@ class CostModel:
         return self.m * (self.flops[end] - self.flops[start]) / flops
 
     def hop_bytes(self, boundary: int) -> float:
-        """Bytes one way per microbatch across a hop after layer ``boundary - 1``."""
-        return self.m * self.act[boundary - 1] / self.act_ratio
+        """Raw bytes one way per microbatch across a hop after layer ``boundary - 1`` (before any codec)."""
+        return self.m * self.act[boundary - 1]
+
+    def hop_ratio(self, a: str, b: str) -> float:
+        """The activation codec's ratio on the hop ``a -> b``: the job's codec across regions, none inside one.
+
+        This is the coordinator's policy (``geotrain.coordinator.planning.hop_codecs``): fast links
+        inside a region are not worth the codec's error.
+        """
+        return 1.0 if self.region_of[a] == self.region_of[b] else self.act_ratio
 
     # -- the whole prediction ------------------------------------------------------------------
     def check(self, pipelines: Sequence[Sequence[StageAssignment]], *, check_memory: bool = True) -> str | None:
@@ -255,7 +264,7 @@ class CostModel:
                     nxt = pipe[si + 1].peer
                     ln = sc.link(st.peer, nxt)
                     assert ln is not None
-                    a = m * self.act[b0 - 1] / self.act_ratio
+                    a = m * self.act[b0 - 1] / self.hop_ratio(st.peer, nxt)
                     busy = 2.0 * a / ln.bytes_per_s
                     fill += busy + ln.rtt_s
                     if busy > worst:

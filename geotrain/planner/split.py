@@ -29,7 +29,7 @@ Grid = tuple[tuple[str, ...], ...]
 
 
 def column_key(cm: CostModel, grid: Sequence[Sequence[str]]) -> tuple[tuple[float, ...], ...] | None:
-    """What the split depends on: per stage (min FLOP/s, min memory) and per hop (max 2/bandwidth)."""
+    """What the split depends on: per stage (min FLOP/s, min memory) and per hop (max 2 / (bandwidth x codec ratio))."""
     sc = cm.sc
     peers = sc._peer
     S = len(grid[0])
@@ -43,7 +43,7 @@ def column_key(cm: CostModel, grid: Sequence[Sequence[str]]) -> tuple[tuple[floa
                 ln = sc.link(row[s], row[s + 1])
                 if ln is None:
                     return None
-                worst = max(worst, 2.0 / ln.bytes_per_s)
+                worst = max(worst, 2.0 / (ln.bytes_per_s * cm.hop_ratio(row[s], row[s + 1])))
             kappa.append(worst)
     return tuple(speed), tuple(memory), tuple(kappa)
 
