@@ -157,6 +157,7 @@ def run_geotrain(setup: Setup, data: TokenDataset, config: DiLoCoConfig) -> dict
         "rounds_discarded": sum(not o.committed for o in history),
         "replicas_identical": identical,
         "codec": config.cross_codec,
+        "intra_codec": config.intra_codec,
         "fragments": config.fragments,
         "overlap": config.overlap,
         "every": config.every,
@@ -229,6 +230,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=3e-3, help="inner AdamW learning rate (also dp's)")
     p.add_argument("--preset", default="tiny")
     p.add_argument("--codec", default="int4", help="geotrain cross-region codec spec")
+    p.add_argument("--intra-codec", default="fp16", help="geotrain codec inside a region")
     p.add_argument("--fragments", type=int, default=2)
     p.add_argument("--overlap", type=int, default=1)
     p.add_argument("--hivemind-compression", default="fp16")
@@ -247,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     data = build_dataset(DataConfig(max_bytes=setup.data_bytes))
     diloco = DiLoCoConfig(
-        every=args.every, cross_codec=args.codec, intra_codec="none", fragments=args.fragments,
+        every=args.every, cross_codec=args.codec, intra_codec=args.intra_codec, fragments=args.fragments,
         overlap=args.overlap, deadline_floor_s=30.0,
     )
     results: dict[str, dict[str, Any]] = {}

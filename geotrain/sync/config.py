@@ -34,8 +34,9 @@ class DiLoCoConfig:
     - ``every`` (H): inner steps between two rounds of the same fragment.
     - ``outer_lr``, ``outer_momentum``, ``nesterov``: the outer SGD (0.7, 0.9, True in DiLoCo).
     - ``intra_codec`` / ``cross_codec``: codec specs for hops inside a region and
-      between regions (see :func:`geotrain.compression.get_codec`). The way back
-      inside a region is always lossless, so every member ends bit-identical.
+      between regions (see :func:`geotrain.compression.get_codec`). The result comes
+      back as the shard owners' own encodings, decoded by every member alike, so
+      every member ends bit-identical.
     - ``error_feedback``: keep each peer's compression residual (per fragment) and
       add it to the next round's payload, so compression error is delayed, not lost.
     - ``hierarchical``: reduce within each region first and cross regions once per

@@ -8,7 +8,7 @@ fractions of the round deadline ``D``, from each member's own start)::
     3 decide     coordinator -> every leader        the counted region groups, or "discard"        0.60 D
     4 scatter    leader -> shard owner j            shard j of the region's sum (cross codec, EF)  0.80 D
     5 gather     owner j -> every leader            the aggregated shard j (cross codec, EF)       1.00 D
-    6 return     leader -> its region's members     the whole result, lossless                     1.10 D
+    6 return     leader -> its region's members     every owner's encoded shard, forwarded as-is   1.10 D
 
 Only phases 4 and 5 cross regions, between one leader per region: each WAN
 link carries its shard of the fragment, O(size / ratio) per region per round.
@@ -22,9 +22,9 @@ and the mean is re-normalised over those counted. With fewer than
 
 **The commit point.** A member commits round ``r`` exactly when it holds the
 whole decision-stamped result (every shard). Everyone who commits applies the
-same bytes: shards are decoded from the one encoding their owner made (the
-owner uses the decoded value too), and the way back inside a region is
-lossless. Then the outer optimizer runs identically everywhere.
+same bytes: every shard is decoded from the one encoding its owner made (the
+owner uses the decoded value too), and leaders forward those encodings
+unchanged to their region, where each member decodes them itself. Then the outer optimizer runs identically everywhere.
 
 **Failures (torchft-style, written down).** A member missing a message waits
 until its phase deadline, then asks the other members (``sync.ask``) for the
@@ -32,8 +32,9 @@ definitive outcome until ``2 D``; a member answers only with what is final:
 "committed" with the result, or "discarded" by the coordinator.
 
 - a member dies before phase 1: its vector is missing; the round goes on without it;
-- a leader dies: its region group is not counted; its region's members learn
-  the result by asking, and keep their own progress (see below);
+- a leader dies: its region group is not counted; its region's members notice
+  at once (their ``sync.ping`` goes unanswered), learn the result by asking, and
+  keep their own progress (see below);
 - the coordinator dies before deciding: no decision exists, nobody commits,
   every member asks in vain and discards the round at ``2 D``;
 - a shard owner dies before sending its shard to anyone: nobody holds the whole
@@ -42,6 +43,12 @@ definitive outcome until ``2 D``; a member answers only with what is final:
 - the only way to diverge: every member that committed becomes unreachable to
   one that did not for the whole ``2 D``. That member logs it, and its global
   copy must then be refreshed by state transfer (``state_dict`` of a member).
+
+Rounds have no barrier: a member that starts a round more than 0.3 D after
+its leader (or whose leader's offer reaches the coordinator after 0.45 D) is
+not counted, but still applies the result; it is counted again once it keeps
+pace. With a DHT-backed membership a dead peer leaves the member list when its
+heartbeat expires, so it stops costing rounds.
 
 A discarded round changes nothing: local parameters, global copy, outer
 momentum and error-feedback residuals stay as they were, so the local progress
@@ -126,6 +133,7 @@ class RoundRunner:
         self._final: dict[tuple[int, int], RoundOutcome] = {}  # definitive outcomes, for sync.ask
         self._regions: dict[str, str] = {}
         transport.serve("sync.ask", self._answer)
+        transport.serve("sync.ping", lambda req: Message("sync.pong"))
 
     def set_context(self, *, job: str, plan_version: int) -> None:
         """Stamp outbound round messages so receivers with a transport context keep them."""
@@ -215,6 +223,14 @@ class RoundRunner:
                 got[msg.sender] = msg
         return got
 
+    def alive(self, peer: str, *, timeout: float) -> bool:
+        """Whether ``peer``'s endpoint answers a ``sync.ping`` within ``timeout``."""
+        try:
+            self.transport.request(peer, Message("sync.ping"), timeout=timeout)
+        except (PeerTimeoutError, TransportError):
+            return False
+        return True
+
     def publish(self, outcome: RoundOutcome) -> None:
         with self._lock:
             self._final[(outcome.round_id.fragment, outcome.round_id.number)] = outcome
@@ -274,6 +290,9 @@ class _Round:
         self.tag = (self.config.group, rid.fragment, rid.number)
         self.group = roles.group_of(self.me)
         self.leader = roles.leaders[self.group]
+        self._my_shard = torch.empty(0)
+        self._my_encoded: tuple[Any, dict[str, torch.Tensor]] = ({}, {})
+        self.encoded: list[tuple[Any, dict[str, torch.Tensor]]] = []
 
     def at(self, fraction: float) -> float:
         return self.t0 + fraction * self.d
@@ -303,7 +322,12 @@ class _Round:
         if not own_ok:
             meta = {"abstain": own_reason[:512]}
         self.r.send(self.leader.peer_id, Message("sync.contrib", self.tag, meta=meta, tensors=tensors), self.at(0.3))
-        got = self.r.collect("sync.final", self.tag, {self.leader.peer_id}, self.at(1.1))
+        # a dead leader would cost us the whole 1.1 D wait and leave us late for the next round: probe it
+        if self.r.alive(self.leader.peer_id, timeout=min(1.0, 0.1 * self.d)):
+            got = self.r.collect("sync.final", self.tag, {self.leader.peer_id}, self.at(1.1))
+        else:
+            logger.warning("leader %s of round %s does not answer; asking the others", self.leader.peer_id, self.rid)
+            got = {}
         msg = got.get(self.leader.peer_id)
         if msg is not None:
             outcome = self._read_final(msg)
@@ -317,11 +341,21 @@ class _Round:
             outcome = RoundOutcome(self.rid, False, reason=str(msg.meta.get("reason", "discarded")))
             self.r.publish(outcome)
             return outcome
-        delta, contributors = msg.tensors.get("delta"), msg.meta.get("contributors")
-        if status == "committed" and delta is not None and delta.numel() == self.n and isinstance(contributors, list):
+        contributors, entries = msg.meta.get("contributors"), msg.meta.get("shards")
+        if status == "committed" and isinstance(contributors, list) and isinstance(entries, list) and entries:
+            # decode the owners' very encodings, as our leader did: the same bytes give the same bits
+            bounds = _shard_bounds(self.n, len(entries))
+            try:
+                delta = torch.cat([
+                    decode_payload(e, msg.tensors, prefix=f"s{j}", sender=msg.sender, numel=hi - lo)
+                    for j, (e, (lo, hi)) in enumerate(zip(entries, bounds, strict=True))
+                ])
+            except BadContributionError as e:
+                logger.warning("%s", e)
+                return None
             raw = msg.meta.get("excluded")
             excluded = {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
-            outcome = RoundOutcome(self.rid, True, delta.reshape(-1).float(), tuple(map(str, contributors)), excluded)
+            outcome = RoundOutcome(self.rid, True, delta, tuple(map(str, contributors)), excluded)
             self.r.publish(outcome)
             return outcome
         return None
@@ -363,8 +397,10 @@ class _Round:
         for peer in sorted(others):
             if outcome.committed:
                 assert outcome.delta is not None
-                meta = {"status": "committed", "contributors": list(outcome.contributors), "excluded": outcome.excluded}
-                msg = Message("sync.final", self.tag, meta=meta, tensors={"delta": outcome.delta})
+                meta = {"status": "committed", "contributors": list(outcome.contributors), "excluded": outcome.excluded,
+                        "shards": [entry for entry, _ in self.encoded]}
+                tensors = {f"s{j}.{k.split('.', 1)[1]}": t for j, (_, ts) in enumerate(self.encoded) for k, t in ts.items()}
+                msg = Message("sync.final", self.tag, meta=meta, tensors=tensors)
             elif outcome.reason.startswith("discarded by the coordinator"):
                 msg = Message("sync.final", self.tag, meta={"status": "discarded", "reason": outcome.reason})
             else:
@@ -412,18 +448,21 @@ class _Round:
             self.own_shard(j, bounds[j], keys, counted, local)
         got = self.r.collect("sync.result", self.tag, set(owners) - {self.me}, self.at(1.0))
         shards: list[torch.Tensor] = []
+        self.encoded = []  # (entry, buffers) of every shard, forwarded as-is to our region
         for j, owner in enumerate(owners):
             lo, hi = bounds[j]
             if owner == self.me:
                 if self._my_shard.numel() != hi - lo:
                     return RoundOutcome(self.rid, False, excluded=excluded, reason=f"own shard {j} incomplete")
                 shards.append(self._my_shard)
+                self.encoded.append(self._my_encoded)
                 continue
             msg = got.get(owner)
             if msg is None or msg.meta.get("status") != "ok":
                 return RoundOutcome(self.rid, False, excluded=excluded, reason=f"shard {j} from {owner} missing")
             try:
                 shards.append(decode_payload(msg.meta.get("payload"), msg.tensors, prefix="r", sender=owner, numel=hi - lo))
+                self.encoded.append((msg.meta["payload"], {k: t for k, t in msg.tensors.items() if k.startswith("r.")}))
             except BadContributionError as e:
                 return RoundOutcome(self.rid, False, excluded=excluded, reason=str(e))
         contributors = tuple(sorted(p for ps in counted.values() for p in ps))
@@ -537,6 +576,7 @@ class _Round:
             agg, self.config.cross_codec, prefix="r", residual=None if res is None else res[lo:hi]
         )
         self._my_shard = decoded
+        self._my_encoded = (entry, tensors)
         for peer in leaders:
             self.r.send(peer, Message("sync.result", self.tag, meta={"status": "ok", "payload": entry}, tensors=tensors),
                         self.at(1.0))
