@@ -112,3 +112,25 @@ def test_hierarchical_int8_within_codec_bound() -> None:
     bound = (2 * max(float(p.abs().max()) for p in pgs) * 2 / 4 + max(float(p.abs().max()) for p in pgs)) / 254
     err = float((out - exact).abs().max())
     assert 0 < err <= bound, (err, bound)
+
+
+def test_state_dict_round_trips_through_torch_save(group: Group, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    config = DiLoCoConfig(every=1, cross_codec="int8", deadline_floor_s=2.0, fragments=1)
+    group.build(["eu", "us"], config, seeded_model())
+    _perturb(group)
+    group.step_all(1)
+    path = tmp_path / "sync.pt"
+    torch.save(group.peers[0].sync.state_dict(), path)
+    state = torch.load(path, weights_only=True)
+    joiner_model = seeded_model(seed=5)()
+    from geotrain.sync import DiLoCoSync, Member, StaticMembership
+    from geotrain.transport import Transport, TransportConfig
+
+    with Transport(TransportConfig(), peer_id="joiner", region="eu").start() as t:
+        joiner = DiLoCoSync(config, params=list(joiner_model.named_parameters()), transport=t,
+                            membership=StaticMembership([Member("joiner", "eu", t.address)]))
+        joiner.load_state_dict(state)
+        assert torch.equal(joiner.global_flat(), group.peers[0].sync.global_flat())
+        assert torch.equal(joiner.outer[0].momentum, group.peers[0].sync.outer[0].momentum)  # type: ignore[arg-type]
+        assert joiner.outer[0].version == 1
+        assert torch.equal(flat_params(joiner_model), joiner.global_flat())
