@@ -47,6 +47,12 @@ def test_register_twice_refused() -> None:
 def test_fp16_overflow_is_an_error_not_inf() -> None:
     with pytest.raises(CodecError, match="bf16"):
         get_codec("fp16").encode(torch.tensor([1e6, 1.0]))
+    codec = get_codec("fp16")
+    for ok in (65504.0, 65519.0, -65504.0):  # these round to +-65504, not to inf
+        enc = codec.encode(torch.tensor([ok]))
+        assert abs(float(codec.decode(enc.meta, enc.buffers)[0])) == 65504.0
+    with pytest.raises(CodecError):
+        codec.encode(torch.tensor([-65520.0]))
     # bf16 keeps fp32's range
     y = get_codec("bf16").encode(torch.tensor([1e6, 1.0]))
     assert y.nbytes == 4
