@@ -275,7 +275,10 @@ def view_buffer(buf: Buffer, dtype: torch.dtype, count: int, *, codec: str, what
         flat = buf.detach().reshape(-1)
         if flat.device.type != "cpu":
             flat = flat.cpu()
-        return flat.contiguous().view(torch.uint8).view(dtype)
+        raw = flat.contiguous().view(torch.uint8)
+        if raw.storage_offset() % itemsize:  # a misaligned slice cannot be reinterpreted in place
+            raw = raw.clone()
+        return raw.view(dtype)
     mv = buf if isinstance(buf, memoryview) else memoryview(buf)
     if not mv.c_contiguous:
         raise CodecError(f"{codec}: {what} buffer must be contiguous")

@@ -221,6 +221,14 @@ def test_decode_accepts_tensors_bytes_and_bytearrays_alike() -> None:
         assert torch.equal(codec.decode(enc.meta, bufs), ref)
 
 
+def test_decode_reads_misaligned_tensor_slices() -> None:
+    codec = get_codec("int8:scale=fp32")
+    enc = codec.encode(torch.randn(1000))
+    codes, scales = enc.buffers
+    shifted = torch.cat([torch.zeros(1, dtype=torch.uint8), scales.view(torch.uint8)])[1:]  # offset 1
+    assert torch.equal(codec.decode(enc.meta, [codes, shifted]), codec.decode(enc.meta, enc.buffers))
+
+
 def test_decoded_tensor_does_not_alias_the_wire_buffer() -> None:
     frame = bytearray(torch.randn(100).numpy().tobytes())
     y = get_codec("none").decode({"shape": [100], "dtype": "float32", "wire": "float32"}, [frame])
