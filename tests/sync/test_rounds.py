@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -114,7 +116,7 @@ def test_hierarchical_int8_within_codec_bound() -> None:
     assert 0 < err <= bound, (err, bound)
 
 
-def test_state_dict_round_trips_through_torch_save(group: Group, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_state_dict_round_trips_through_torch_save(group: Group, tmp_path: Path) -> None:
     config = DiLoCoConfig(every=1, cross_codec="int8", deadline_floor_s=2.0, fragments=1)
     group.build(["eu", "us"], config, seeded_model())
     _perturb(group)

@@ -6,18 +6,18 @@ import pytest
 import torch
 
 from benchmarks.sync import Setup, run_geotrain
-from geotrain.data import DataConfig, build_dataset
+from geotrain.data import DataConfig, TokenDataset, build_dataset
 from geotrain.sync import DiLoCoConfig
 
 
 @pytest.fixture(scope="module")
-def task() -> tuple[Setup, object]:
+def task() -> tuple[Setup, TokenDataset]:
     torch.set_num_threads(1)
     setup = Setup(replicas=2, regions=2, steps=60, batch=8, val_batches=4, data_bytes=1 << 20)
     return setup, build_dataset(DataConfig(max_bytes=setup.data_bytes))
 
 
-def test_streaming_fragments_with_overlap_match_blocking_diloco(task: tuple[Setup, object]) -> None:
+def test_streaming_fragments_with_overlap_match_blocking_diloco(task: tuple[Setup, TokenDataset]) -> None:
     setup, data = task
     common = {"every": 10, "cross_codec": "none", "deadline_floor_s": 10.0}
     blocking = run_geotrain(setup, data, DiLoCoConfig(fragments=1, overlap=0, **common))  # type: ignore[arg-type]
@@ -30,7 +30,7 @@ def test_streaming_fragments_with_overlap_match_blocking_diloco(task: tuple[Setu
     assert streaming["cross_region_bytes"] <= blocking["cross_region_bytes"] * 1.1
 
 
-def test_streaming_int4_error_feedback_stays_close(task: tuple[Setup, object]) -> None:
+def test_streaming_int4_error_feedback_stays_close(task: tuple[Setup, TokenDataset]) -> None:
     setup, data = task
     base = run_geotrain(setup, data, DiLoCoConfig(every=10, fragments=2, overlap=1, cross_codec="none"))
     int4 = run_geotrain(setup, data, DiLoCoConfig(every=10, fragments=2, overlap=1, cross_codec="int4"))
