@@ -232,7 +232,8 @@ def read_header(meta: Mapping[str, Any], *, codec: str, nbuffers: int, buffers: 
     numel = math.prod(shape)
     if numel > MAX_NUMEL:
         raise CodecError(f"{codec}: tensor of {numel} elements exceeds the cap of {MAX_NUMEL}")
-    dtype = FLOAT_DTYPES.get(meta.get("dtype"))  # type: ignore[arg-type]
+    dtype_raw = meta.get("dtype")
+    dtype = FLOAT_DTYPES.get(dtype_raw) if isinstance(dtype_raw, str) else None
     if dtype is None:
         raise CodecError(f"{codec}: meta['dtype'] must be one of {sorted(FLOAT_DTYPES)}; got {meta.get('dtype')!r}")
     if not isinstance(buffers, Sequence) or len(buffers) != nbuffers:
