@@ -96,7 +96,8 @@ def _render(sc: Any, result: Any) -> None:
         pairs.add_row(a, b, _fmt_bytes(v))
     console.print(pairs)
     figures = Table(title="predicted (ours) vs baselines, same cost model and shape")
-    for col in ("plan", "tokens/s", "USD/hour", "USD/1M tokens", "step s", "cross-region bytes/step"):
+    figures.add_column("plan", no_wrap=True)
+    for col in ("tokens/s", "USD/hour", "USD/1M tokens", "step s", "cross-region bytes/step"):
         figures.add_column(col, justify="right")
     rows = [("ours", pred), *result.baselines.items()]
     for name, p in rows:

@@ -26,7 +26,8 @@ def test_json_shape_is_exactly_the_issue(capsys):
         assert all(set(st) == {"peer", "layers"} for st in pipe)
 
 
-def test_human_tables(capsys):
+def test_human_tables(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "160")
     assert main(["plan", "--scenario", str(EXAMPLES / "demo.json"), "--objective", "cost"]) == 0
     out = capsys.readouterr().out
     for word in ("pipeline", "region", "tokens/s", "USD/1M tokens", "genetic", "greedy_region", "bytes per inner step"):

@@ -22,8 +22,9 @@ def test_one_pipeline_two_stages_exact():
     sc = _two_regions()
     pipes = [[StageAssignment("a", (0, 2)), StageAssignment("b", (2, 4))]]
     p = evaluate(sc, pipes)
-    # C = 100 tok x 2e9 FLOP / 1e12 FLOP/s = 0.2 s per stage; hop: 2 x 1e5 B / 1e8 B/s = 2 ms busy + 10 ms RTT
-    step = 0.2 + 0.2 + 0.002 + 0.010 + 3 * 0.2
+    # C = 100 tok x 2e9 FLOP / 1e12 FLOP/s = 0.2 s per stage; hop: 2 x 1e5 B / 1e8 B/s = 2 ms busy + 10 ms RTT.
+    # Two stages hold two microbatches in their loop: period max(0.2, 0.002, (0.2 + 0.012 + 0.2) / 2) = 0.206
+    step = 0.2 + 0.2 + 0.002 + 0.010 + 3 * 0.206
     assert p.step_s == pytest.approx(step, rel=1e-12)
     assert p.pipeline_step_s == pytest.approx(step, rel=1e-12)
     assert p.tokens_per_s == pytest.approx(4 * 100 / step, rel=1e-12)
@@ -33,7 +34,7 @@ def test_one_pipeline_two_stages_exact():
     assert p.usd_per_hour == pytest.approx(3.0 + egress_per_step * 3600 / step, rel=1e-12)
     assert p.usd_per_mtok == pytest.approx(p.usd_per_hour / (p.tokens_per_s * 3600) * 1e6, rel=1e-12)
     assert p.utilisation == pytest.approx({"a": 0.8 / step, "b": 0.8 / step})
-    assert p.round_sync_s == 0.0 and p.bottleneck == "compute on a"
+    assert p.round_sync_s == 0.0 and p.bottleneck == "round trip a..b"
 
 
 @pytest.mark.parametrize("overlap, expected_step", [(False, 1.7), (True, 1.6)])
