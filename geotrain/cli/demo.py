@@ -73,6 +73,7 @@ def _run(args: argparse.Namespace) -> int:
     from geotrain.cli.run import print_summary, run_coordinator
     from geotrain.config import job_from_dict
     from geotrain.testing.procs import ChildGroup
+    from geotrain.testing.swarm import start_local_swarm
 
     if args.peers < 2:
         print("geotrain demo: --peers must be >= 2", file=sys.stderr)
@@ -95,20 +96,16 @@ def _run(args: argparse.Namespace) -> int:
             print(f"geotrain demo: {args.peers} peers in {len(REGIONS)} emulated regions "
                   f"({'links emulated in the transport: delay + bandwidth' if not args.no_emulation else 'no emulation'})",
                   flush=True)
-        boot = children.start("dht", ["dht", "--host", "127.0.0.1"])
-        ready = boot.wait_event("ready", timeout=60)
-        maddrs = ready["maddrs"]
-        say({"event": "bootstrap", "maddrs": maddrs})
-        peers = []
-        for i in range(args.peers):
-            region = REGIONS[i % len(REGIONS)]
-            cmd = ["peer", "--initial-peers", *maddrs, "--region", region, "--price", str(PRICES[region]),
-                   "--threads", "1", "--heartbeat", "2", "--probe-every", "600", "--job", job_id]
-            if not args.no_emulation:
-                cmd += ["--emulate", str(scenario), "--emulate-bandwidth"]
-            peers.append(children.start(f"peer{i}", cmd))
-        for child in peers:
-            info = child.wait_event("ready", timeout=120)
+        local = start_local_swarm(
+            children,
+            regions=[REGIONS[i % len(REGIONS)] for i in range(args.peers)],
+            job_id=job_id,
+            prices=PRICES,
+            emulate=None if args.no_emulation else str(scenario),
+            emulate_bandwidth=True,
+        )
+        maddrs = local.maddrs
+        for info in local.ready:
             say(info)
         if args.json:
             report = run_coordinator(None, initial_peers=maddrs, job_id=job_id, report_dir=report_dir,

@@ -162,8 +162,9 @@ class PeerAgent:
             self._links[pid] = LinkMeasurement(bandwidth_bps=m.bandwidth_bps, rtt_s=m.rtt_s, measured_at=m.measured_at)
             self._probed_at[pid] = time.time()
             changed = True
+        # forget a link only once its peer has been gone long enough: one DHT read may miss a live peer
         for pid in list(self._links):
-            if pid not in peers:
+            if pid not in peers and now - self._links[pid].measured_at > self.swarm.config.record_ttl_s:
                 del self._links[pid]
                 changed = True
         if changed or now - max(self._probed_at.values(), default=0.0) > self.swarm.config.record_ttl_s / 2:
@@ -279,6 +280,7 @@ class PeerAgent:
             peer_id=self.peer_id,
             transport=self.transport,
             previous_state=self._last_state if self._last_state is not None and self._last_state.job_id == plan.job_id else None,
+            previous_plan=previous if previous is not None and previous.job_id == plan.job_id else None,
             links=dict(self._links),
         )
         self._status = "training"

@@ -88,7 +88,11 @@ def serve_state(
     current: Callable[[], Any],
     previous: Callable[[], StageState | None],
 ) -> None:
-    """Answer ``state.get`` from the current worker's state, else the last one this peer kept."""
+    """Answer ``state.get`` from the current worker's state, topped up with blocks this peer held before.
+
+    After a replan a peer may hold other blocks than it did; a joiner that
+    needs the old ones still gets them from here.
+    """
 
     def handle(req: Message) -> Message | None:
         meta = req.meta
@@ -96,12 +100,22 @@ def serve_state(
         if not isinstance(job_id, str) or not isinstance(start, int) or not isinstance(end, int) or start >= end:
             return Message(kind=KIND + ".err", meta={"error": "bad request"})
         worker = current()
-        state = worker.state() if worker is not None else previous()
-        if state is None or state.job_id != job_id:
-            return Message(kind=KIND + ".err", meta={"error": "no state for that job"})
-        piece = state.select(start, end)
-        if not piece.params:
-            return Message(kind=KIND + ".err", meta={"error": "no blocks in that range"})
+        pieces = [worker.state() if worker is not None else None, previous()]
+        piece: StageState | None = None
+        for st in pieces:
+            if st is None or st.job_id != job_id:
+                continue
+            sel = st.select(start, end)
+            if piece is None:
+                piece = sel
+            else:  # blocks the current state lacks, from the previous one
+                extra = StageState(sel.job_id, sel.round, sel.step,
+                                   {n: t for n, t in sel.params.items() if n not in piece.params},
+                                   {n: t for n, t in sel.momentum.items() if n not in piece.momentum})
+                if extra.params:
+                    piece = piece.merge(extra)
+        if piece is None or not piece.params:
+            return Message(kind=KIND + ".err", meta={"error": "no state for those blocks of that job"})
         tensors = {f"p:{n}": t for n, t in piece.params.items()}
         tensors.update({f"o:{n}": t for n, t in piece.momentum.items()})
         sha, nbytes = digest(tensors)
@@ -122,15 +136,23 @@ def fetch_state(
     start: int,
     end: int,
     need: Iterable[str] = (),
+    have: StageState | None = None,
     timeout: float = 60.0,
 ) -> StageState:
-    """Pull blocks ``[start, end)`` from the first donor that sends a verified, complete state.
+    """Gather blocks ``[start, end)`` from donors, best first, until every name in ``need`` is held.
 
-    ``donors`` must already be connected on ``transport``, best first.
+    Each reply is verified (names, byte count, SHA-256) before any of it is
+    used; a donor that fails verification or does not answer is skipped.
+    ``have`` is state already held (it wins over donors' copies). ``donors``
+    must be connected on ``transport``. Without ``need``, the first verified
+    reply is enough.
     """
     need = list(need)
+    state = have
     errors = []
     for donor in donors:
+        if state is not None and (state.covers(need) if need else state.params):
+            break
         try:
             reply = transport.request(
                 donor, Message(kind=KIND, meta={"job_id": job_id, "start": start, "end": end}), timeout=timeout
@@ -149,10 +171,17 @@ def fetch_state(
             continue
         params = {k[2:]: v for k, v in reply.tensors.items() if k.startswith("p:")}
         momentum = {k[2:]: v for k, v in reply.tensors.items() if k.startswith("o:")}
-        state = StageState(job_id, int(meta.get("round", 0)), int(meta.get("step", 0)), params, momentum)
-        if not state.covers(need):
-            missing = [n for n in need if n not in params][:3]
-            errors.append(f"{donor}: lacks {missing}")
-            continue
+        got = StageState(job_id, int(meta.get("round", 0)), int(meta.get("step", 0)), params, momentum)
+        if state is None:
+            state = got
+        else:
+            extra = {n: t for n, t in got.params.items() if n not in state.params}
+            if extra:
+                state = state.merge(StageState(job_id, got.round, got.step, extra,
+                                               {n: t for n, t in got.momentum.items() if n in extra}))
+    if state is not None and (state.covers(need) if need else state.params):
         return state
-    raise StateTransferError(f"no donor sent verified state for blocks [{start}, {end}): " + "; ".join(errors))
+    missing = [n for n in need if state is None or n not in state.params][:3]
+    raise StateTransferError(
+        f"no verified state for blocks [{start}, {end}) (missing e.g. {missing}): " + "; ".join(errors)
+    )

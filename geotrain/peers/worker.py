@@ -56,6 +56,7 @@ class StageWorker:
         peer_id: str,
         transport: Transport,
         previous_state: StageState | None = None,
+        previous_plan: JobPlan | None = None,
         links: dict[str, LinkMeasurement] | None = None,
     ) -> None:
         slot_at = plan.slot_of(peer_id)
@@ -68,23 +69,15 @@ class StageWorker:
         self.pipeline, self.stage_index = p, s
         seed = job.job.seed
         self.stage = build_stage(job.model.block_model(seed), slot.layers, seed)
-        # connect every peer this stage talks to: neighbours, the other end (tied weights), group members
+        # connect every peer of the plan: neighbours, the other end (tied weights), group members, state donors
         everyone = {sl.peer: sl for pp in plan.pipelines for sl in pp}
         groups = plan.groups_of(peer_id)
-        talk = {pipe[0].peer, pipe[-1].peer}
-        if s > 0:
-            talk.add(pipe[s - 1].peer)
-        if s + 1 < len(pipe):
-            talk.add(pipe[s + 1].peer)
-        for g in groups:
-            talk.update(g.members)
-        talk.discard(peer_id)
-        for pid in talk:
-            sl = everyone[pid]
-            key = sl.curve_public_key.encode() if sl.curve_public_key else None
-            transport.connect(pid, sl.endpoint, region=sl.region, curve_server_key=key)
+        for pid, sl in everyone.items():
+            if pid != peer_id:
+                key = sl.curve_public_key.encode() if sl.curve_public_key else None
+                transport.connect(pid, sl.endpoint, region=sl.region, curve_server_key=key)
 
-        state = self._initial_state(previous_state, groups, links or {})
+        state = self._initial_state(previous_state, previous_plan, links or {})
         if state is not None:
             self._load_global(state)
         self.round = state.round if state is not None else 0
@@ -138,6 +131,8 @@ class StageWorker:
             sync.set_context(job=plan.job_id, plan_version=plan.version)
             if state is not None and all(n in state.params for n, _ in params):
                 load_named_state(sync, state)
+            elif state is not None:
+                logger.warning("group %s: no complete global state; its blocks restart from the seed", g.name)
             self.syncs.append(sync)
         # state() is served from the transport's handler threads: never read half a commit
         self._commit_lock = threading.Lock()
@@ -168,28 +163,33 @@ class StageWorker:
         )
 
     def _initial_state(
-        self, previous: StageState | None, groups: list[SyncGroup], links: dict[str, LinkMeasurement]
+        self, previous: StageState | None, previous_plan: JobPlan | None, links: dict[str, LinkMeasurement]
     ) -> StageState | None:
+        """Global state for this stage's blocks: own, else gathered from the plan's peers, else None (seed)."""
         names = [n for n, _ in self.stage.named_parameters()]
         start, end = self.stage.layers
-        if previous is not None and previous.covers(names):
-            return previous.select(start, end)
-        if self.plan.start_step == 0 and self.plan.version == 1:
+        own = previous.select(start, end) if previous is not None else None
+        if own is not None and own.covers(names):
+            return own
+        if self.plan.start_step == 0 and previous_plan is None:
             return None  # a fresh job: the seed gives every member identical weights
+        # who held these blocks in the previous plan goes first, then the fastest measured links
+        held_before = set()
+        if previous_plan is not None:
+            held_before = {sl.peer for pp in previous_plan.pipelines for sl in pp if sl.start < end and start < sl.end}
         donors = sorted(
-            {m for g in groups for m in g.members if m != self.peer_id},
-            key=lambda m: -(links[m].bandwidth_bps if m in links else 0.0),
+            (p for p in self.plan.peers if p != self.peer_id),
+            key=lambda m: (m not in held_before, -(links[m].bandwidth_bps if m in links else 0.0)),
         )
-        pieces: StageState | None = previous.select(start, end) if previous is not None else None
         try:
-            fetched = fetch_state(
-                self.transport, donors, job_id=self.plan.job_id, start=start, end=end,
+            return fetch_state(
+                self.transport, donors, job_id=self.plan.job_id, start=start, end=end, need=names, have=own,
                 timeout=self.job.swarm.round_timeout_s,
             )
-            pieces = fetched if pieces is None else pieces.merge(fetched)
         except StateTransferError as e:
-            logger.warning("no stage state from the group (%s); starting these blocks from the seed", e)
-        return pieces
+            # never train on partial weights: what no live peer holds restarts from the seed, named in the log
+            logger.warning("incomplete stage state (%s); blocks no peer holds start from the seed", e)
+            return own
 
     def _load_global(self, state: StageState) -> None:
         with torch.no_grad():

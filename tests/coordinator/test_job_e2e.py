@@ -1,0 +1,79 @@
+"""End to end: a bootstrap + 4 peers in 2 regions, a tiny job through `geotrain run`'s code path."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from geotrain.cli.run import run_coordinator
+from geotrain.config import job_from_dict
+from geotrain.coordinator.report import REPORT_KEYS
+from geotrain.testing.procs import ChildGroup
+from geotrain.testing.swarm import start_local_swarm
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
+
+
+def tiny_job(*, steps: int, min_peers: int = 4) -> dict[str, Any]:
+    return {
+        "job": {"name": "e2e", "seed": 1},
+        "model": {"preset": "tiny"},
+        "data": {"max_bytes": 1 << 20},
+        "pipeline": {"stages": 2, "pipelines": "auto", "micro_batch_size": 4, "microbatches": 2},
+        "sync": {"every": 5, "codec": "int8"},
+        "stop": {"steps": steps},
+        "swarm": {"min_peers": min_peers, "wait_peers_s": 90, "hop_timeout_s": 6, "round_timeout_s": 6},
+        "report": {"eval_batches": 4},
+    }
+
+
+def test_tiny_job_trains_and_reports(children: ChildGroup, tmp_path: Path) -> None:
+    job = job_from_dict(tiny_job(steps=20))
+    swarm = start_local_swarm(children, regions=["us", "us", "eu", "eu"], job_id="e2e-basic", heartbeat_s=1.0)
+    events: list[dict[str, Any]] = []
+    report = run_coordinator(None, initial_peers=swarm.maddrs, job_id="e2e-basic", report_dir=tmp_path,
+                             emit=events.append, job=job)
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert set(REPORT_KEYS) <= set(data)
+    for png in ("loss_vs_tokens.png", "loss_vs_time.png", "throughput.png", "traffic.png", "cost.png"):
+        assert (tmp_path / png).stat().st_size > 1000
+    val = [v for v in data["validation"] if v["loss"] is not None]
+    assert val[0]["source"] == "init" and val[-1]["source"] == "global"
+    assert val[-1]["loss"] < val[0]["loss"] - 0.3, val
+    s = report["summary"]
+    assert s["tokens"] == 2 * 20 * 4 * 2 * 32  # 2 pipelines x 20 steps x (4 x 2) sequences x 32 tokens
+    assert s["plan_versions"] == 1 and s["deaths"] == 0
+    assert data["bytes"]["total"] > 0 and data["usd"]["total"] > 0
+    assert any(e["event"] == "plan" for e in events)
+
+
+def test_killed_peer_is_replanned_and_job_finishes(children: ChildGroup, tmp_path: Path) -> None:
+    job = job_from_dict(tiny_job(steps=150))
+    swarm = start_local_swarm(children, regions=["us", "us", "eu", "eu"], job_id="e2e-kill", heartbeat_s=1.0)
+    events: list[dict[str, Any]] = []
+    killed = threading.Event()
+
+    def on_event(e: dict[str, Any]) -> None:
+        events.append(e)
+        if e.get("event") == "progress" and not killed.is_set():
+            steps = [p["step"] for p in e["peers"].values()]
+            if len(steps) == 4 and min(steps) >= 6:
+                killed.set()
+                children.kill(swarm.peers[3], signal.SIGKILL)
+
+    report = run_coordinator(None, initial_peers=swarm.maddrs, job_id="e2e-kill", report_dir=tmp_path,
+                             emit=on_event, job=job)
+    assert killed.is_set()
+    kinds = [e["kind"] for e in report["events"]]
+    assert "death" in kinds and "replan" in kinds
+    assert report["summary"]["plan_versions"] >= 2
+    dead = swarm.ready[3]["peer_id"]
+    last_plan = report["plans"][-1]
+    assert dead not in {s["peer"] for pipe in last_plan["pipelines"] for s in pipe}
+    val = [v for v in report["validation"] if v["loss"] is not None]
+    assert val[-1]["loss"] < val[0]["loss"] - 0.5, val  # progress survived the replan
