@@ -57,7 +57,8 @@ class DiLoCoSync:
 
     Build it on every member from the same parameter list (same names, same
     order, same initial values) and call :meth:`after_inner_step` with the
-    number of inner steps completed so far. One instance per transport: it
+    number of inner steps completed so far. Several instances (one per stage group, each with its own
+    ``config.group``) may share a transport: ``sync.ask`` is dispatched by group. It
     serves ``sync.ask`` requests on it.
     """
 

@@ -64,6 +64,7 @@ import logging
 import math
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -132,7 +133,7 @@ class RoundRunner:
         self._residual: dict[tuple[str, int], torch.Tensor] = {}
         self._final: dict[tuple[int, int], RoundOutcome] = {}  # definitive outcomes, for sync.ask
         self._regions: dict[str, str] = {}
-        transport.serve("sync.ask", self._answer)
+        _serve_group(transport, config.group, self._answer)
         transport.serve("sync.ping", lambda req: Message("sync.pong"))
 
     def set_context(self, *, job: str, plan_version: int) -> None:
@@ -241,7 +242,7 @@ class RoundRunner:
         frag, number = req.meta.get("fragment"), req.meta.get("number")
         with self._lock:
             outcome = self._final.get((frag, number)) if isinstance(frag, int) and isinstance(number, int) else None
-        if outcome is None or req.meta.get("group") != self.config.group:
+        if outcome is None:
             return Message("sync.answer", meta={"status": "unknown"})
         if not outcome.committed:
             return Message("sync.answer", meta={"status": "discarded", "reason": outcome.reason})
@@ -586,3 +587,23 @@ def _shard_bounds(n: int, parts: int) -> list[tuple[int, int]]:
     """``parts`` contiguous, near-equal slices of ``range(n)``."""
     edges = [(n * i) // parts for i in range(parts + 1)]
     return [(edges[i], edges[i + 1]) for i in range(parts)]
+
+
+# One transport may carry several stage groups (a peer whose stage spans segments that are synced
+# with different peers): ``sync.ask`` is answered by the runner of the group the request names.
+_group_runners: weakref.WeakKeyDictionary[Transport, dict[str, Callable[[Message], Message]]] = weakref.WeakKeyDictionary()
+_group_lock = threading.Lock()
+
+
+def _serve_group(transport: Transport, group: str, answer: Callable[[Message], Message]) -> None:
+    with _group_lock:
+        table = _group_runners.get(transport)
+        if table is None:
+            table = _group_runners[transport] = {}
+
+            def dispatch(req: Message) -> Message:
+                handler = table.get(str(req.meta.get("group")))
+                return handler(req) if handler is not None else Message("sync.answer", meta={"status": "unknown"})
+
+            transport.serve("sync.ask", dispatch)
+        table[group] = answer
