@@ -340,6 +340,9 @@ class PeerAgent:
                 by_region[r] = by_region.get(r, 0.0) + n
         for r, n in list(by_region.items())[:16]:
             stats[f"to:{r}"] = float(n)
+        # inbound messages the data plane refused, by reason: hostile or broken traffic shows up here
+        for reason, n in sorted(tstats.dropped.items())[:16]:
+            stats[f"drop:{reason}"] = float(n)
         try:
             self.swarm.publish_progress(
                 ProgressRecord(
