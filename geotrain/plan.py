@@ -64,6 +64,10 @@ class JobPlan:
     hop_codecs: tuple[tuple[tuple[str, str], ...], ...] = ()
     start_step: int = 0
     stop_step: int | None = None
+    #: where stage groups write checkpoints; with ``resume_step`` peers start from that checkpoint
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0  # inner steps between checkpoints (0 = none)
+    resume_step: int | None = None
     num_blocks: int = 0
     predicted: Mapping[str, Any] = field(default_factory=dict)
 
@@ -155,6 +159,7 @@ class JobPlan:
             },
             "start_step": self.start_step,
             "stop_step": self.stop_step,
+            "checkpoint": {"dir": self.checkpoint_dir, "every": self.checkpoint_every, "resume_step": self.resume_step},
             "num_blocks": self.num_blocks,
             "predicted": dict(self.predicted),
         }
@@ -180,6 +185,8 @@ class JobPlan:
             )
             hops = tuple(tuple((str(h[0]), str(h[1])) for h in pipe) for pipe in codecs.get("hops", []))
             stop = d.get("stop_step")
+            ckpt = d.get("checkpoint") or {}
+            resume = ckpt.get("resume_step")
             return cls(
                 job_id=str(d["job_id"]),
                 version=int(d["version"]),
@@ -192,6 +199,9 @@ class JobPlan:
                 hop_codecs=hops,
                 start_step=int(d.get("start_step", 0)),
                 stop_step=None if stop is None else int(stop),
+                checkpoint_dir=None if ckpt.get("dir") is None else str(ckpt["dir"]),
+                checkpoint_every=int(ckpt.get("every", 0)),
+                resume_step=None if resume is None else int(resume),
                 num_blocks=int(d["num_blocks"]),
                 predicted=dict(d.get("predicted", {})),
             )

@@ -10,6 +10,7 @@ JSON line instead of the live view; the last one is ``{"event": "report", ...}``
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import signal
 import threading
@@ -29,6 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address for the DHT and data plane")
     p.add_argument("--swarm", default="geotrain", help="swarm name (DHT key prefix)")
     p.add_argument("--egress", type=float, default=0.02, metavar="USD_PER_GB", help="egress price between regions")
+    p.add_argument("--resume", default=None, metavar="DIR",
+                   help="continue from the newest complete checkpoint in DIR (and keep checkpointing there)")
     p.add_argument("--json", action="store_true", help="JSON lines instead of the live view")
     p.set_defaults(handler=_run)
 
@@ -46,6 +49,7 @@ def run_coordinator(
     emit: Any = None,
     stop: threading.Event | None = None,
     job: Any = None,
+    resume: str | Path | None = None,
 ) -> dict[str, Any]:
     """Run one job to its end and return the report (used by ``geotrain run`` and ``geotrain demo``)."""
     from geotrain.config import load_job
@@ -55,6 +59,8 @@ def run_coordinator(
     from geotrain.transport import Transport, TransportConfig
 
     spec = job if job is not None else load_job(job_path)
+    if resume is not None:
+        spec = dataclasses.replace(spec, checkpoint=dataclasses.replace(spec.checkpoint, dir=str(resume)))
     job_id = job_id or f"{spec.job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     out = Path(report_dir) if report_dir else Path(spec.report.dir) / job_id
     identity = Identity.load_or_create(identity_path) if identity_path else None
@@ -63,7 +69,7 @@ def run_coordinator(
         transport = Transport(TransportConfig(host=host), peer_id=swarm.peer_id, region="coordinator").start()
         try:
             coord = Coordinator(
-                CoordinatorConfig(job_id=job_id, report_dir=out,
+                CoordinatorConfig(job_id=job_id, report_dir=out, resume=resume is not None,
                                   egress_usd_per_gb={"*": egress_usd_per_gb}),
                 spec,
                 swarm=swarm,
@@ -89,6 +95,7 @@ def _run(args: argparse.Namespace) -> int:
     kwargs: dict[str, Any] = dict(
         initial_peers=args.initial_peers, job_id=args.job_id, identity_path=args.identity,
         report_dir=args.report_dir, host=args.host, swarm_name=args.swarm, egress_usd_per_gb=args.egress, stop=stop,
+        resume=args.resume,
     )
     if args.json:
         report = run_coordinator(args.job, emit=lambda e: print(json.dumps(e, default=str), flush=True), **kwargs)

@@ -51,6 +51,7 @@ class CoordinatorConfig:
     links_wait_s: float = 30.0
     egress_usd_per_gb: dict[str, float] = field(default_factory=dict)
     evaluate: bool = True
+    resume: bool = False  # start from the newest complete checkpoint in job.checkpoint.dir
 
 
 @dataclass
@@ -138,7 +139,9 @@ class Coordinator:
         mine = self.swarm.latest_plan(job_id=self.config.job_id, publisher=self.swarm.peer_id)
         return max(mine.version if mine else 0, self.plan.version if self.plan else 0) + 1
 
-    def publish_plan(self, peers: dict[str, PeerRecord], *, start_step: int, reason: str) -> JobPlan:
+    def publish_plan(
+        self, peers: dict[str, PeerRecord], *, start_step: int, reason: str, resume_step: int | None = None
+    ) -> JobPlan:
         links = self.swarm.get_links()
         version = self._next_version()
         plan, planner_json = make_plan(
@@ -149,6 +152,7 @@ class Coordinator:
             links=links,
             start_step=start_step,
             stop_step=self.job.stop.steps,
+            resume_step=resume_step,
             egress_usd_per_gb=self.config.egress_usd_per_gb,
         )
         self.swarm.publish_plan(
@@ -172,6 +176,22 @@ class Coordinator:
                     predicted_tokens_per_s=plan.predicted.get("tokens_per_s"))
         return plan
 
+    def _resume_step(self) -> int | None:
+        """With ``resume``: the newest complete checkpoint's step (CheckpointError if there is none)."""
+        if not self.config.resume:
+            return None
+        from geotrain.errors import CheckpointError
+        from geotrain.peers.checkpoint import latest_complete
+
+        root = Path(self.job.checkpoint.dir or "")
+        num_blocks = self.job.model.block_model(self.job.job.seed).num_blocks
+        step = latest_complete(root, num_blocks)
+        if step is None:
+            raise CheckpointError(f"no complete checkpoint under {root} (each step-*/ needs entries covering all "
+                                  f"{num_blocks} blocks); start without --resume")
+        self._event("resume", checkpoint=str(root), step=step)
+        return step
+
     def reattach(self) -> JobPlan | None:
         """Pick up the newest plan this coordinator published (after a restart)."""
         rec = self.swarm.latest_plan(job_id=self.config.job_id, publisher=self.swarm.peer_id)
@@ -186,8 +206,10 @@ class Coordinator:
         self._event("start", job_id=self.config.job_id)
         self.publish_job()
         if self.reattach() is None:
+            resume = self._resume_step()
             peers = self.wait_for_peers()
-            self.publish_plan(peers, start_step=0, reason="initial")
+            self.publish_plan(peers, start_step=resume or 0, reason="resume" if resume else "initial",
+                              resume_step=resume)
         assert self.plan is not None
         last_job_publish = time.monotonic()
         missing_since: dict[str, float] = {}
@@ -206,7 +228,7 @@ class Coordinator:
                 last_job_publish = time.monotonic()
             try:
                 peers = self.swarm.get_peers()
-                progress = self.swarm.get_progress()
+                progress = {pid: p for pid, p in self.swarm.get_progress().items() if p.job_id == self.config.job_id}
             except GeotrainError as e:
                 logger.info("DHT read failed: %s", e)
                 continue

@@ -131,6 +131,7 @@ def make_plan(
     links: Mapping[str, LinkRow],
     start_step: int = 0,
     stop_step: int | None = None,
+    resume_step: int | None = None,
     egress_usd_per_gb: Mapping[str, float] | None = None,
 ) -> tuple[JobPlan, dict[str, Any]]:
     """Plan ``job`` on the live swarm; returns the plan and the planner's JSON (with baselines)."""
@@ -166,6 +167,9 @@ def make_plan(
         hop_codecs=tuple(hop_codecs(job, p) for p in pipelines),
         start_step=start_step,
         stop_step=stop_step,
+        checkpoint_dir=job.checkpoint.dir,
+        checkpoint_every=job.sync.every * job.checkpoint.every_rounds if job.checkpoint.dir else 0,
+        resume_step=resume_step,
         num_blocks=len(scenario.model.profile),
         predicted={
             "tokens_per_s": pred.tokens_per_s,

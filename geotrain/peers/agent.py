@@ -88,7 +88,7 @@ class PeerAgent:
         self._last_state: Any = None  # StageState kept from the previous worker, for rebuilds
         self._plan: JobPlan | None = None
         self._job: JobSpec | None = None
-        self._job_owner: str | None = None
+        self._job_key: tuple[str, str] | None = None  # (publisher, job id) of the parsed job
         self._status = "idle"
         self._job_baseline: Any = None  # transport counters when this peer joined the current job
         self._threads: list[threading.Thread] = []
@@ -181,12 +181,15 @@ class PeerAgent:
         if not candidates:
             return None
         owner, rec = max(candidates, key=lambda x: x[1].published_at)
-        try:
-            job = job_from_dict(rec.spec) if self._job is None or self._job_owner != owner else self._job
-        except ConfigError as e:
-            logger.warning("ignoring job %s from %s: %s", rec.job_id, owner, e)
-            return None
-        self._job, self._job_owner = job, owner
+        key = (owner, rec.job_id)
+        if self._job is None or self._job_key != key:
+            try:
+                self._job = job_from_dict(rec.spec)
+            except ConfigError as e:
+                logger.warning("ignoring job %s from %s: %s", rec.job_id, owner, e)
+                return None
+            self._job_key = key
+        job = self._job
         prec = self.swarm.latest_plan(job_id=rec.job_id, publisher=owner)
         if prec is None:
             return None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -171,6 +172,14 @@ class StageWorker:
         own = previous.select(start, end) if previous is not None else None
         if own is not None and own.covers(names):
             return own
+        if previous_plan is None and self.plan.resume_step is not None and self.plan.checkpoint_dir:
+            from geotrain.peers import checkpoint
+
+            ck = checkpoint.load(Path(self.plan.checkpoint_dir), self.plan.resume_step,
+                                 job_id=self.plan.job_id, start=start, end=end)
+            if not ck.covers(names):
+                raise StateTransferError(f"checkpoint step {self.plan.resume_step} lacks blocks {self.stage.layers}")
+            return ck
         if self.plan.start_step == 0 and previous_plan is None:
             return None  # a fresh job: the seed gives every member identical weights
         # who held these blocks in the previous plan goes first, then the fastest measured links
@@ -205,16 +214,29 @@ class StageWorker:
             for sync in self.syncs:
                 sync.after_inner_step(step + 1)  # the sync counts inner steps completed
         self.round = min((o.version for sync in self.syncs for o in sync.outer), default=self.round)
+        self._step = step + 1
+        self._maybe_checkpoint(step + 1)
         self.wall_s += time.perf_counter() - t0
         self.compute_s += m.compute_s
         self.steps += 1
-        self._step = step + 1
         if self.stage.is_last:
             self.tokens += m.tokens
             self.last_loss = m.loss
         elif self.stage.is_first:
             self.tokens += m.tokens
         return m
+
+    def _maybe_checkpoint(self, done: int) -> None:
+        """After a round boundary: the first member of each of this peer's groups writes the group's state."""
+        plan = self.plan
+        if not plan.checkpoint_dir or plan.checkpoint_every <= 0 or done % plan.checkpoint_every:
+            return
+        from geotrain.peers import checkpoint
+
+        state = self.state()
+        for g in self.plan.groups_of(self.peer_id):
+            if g.members[0] == self.peer_id:
+                checkpoint.save_group(Path(plan.checkpoint_dir), state, start=g.start, end=g.end)
 
     def stats(self) -> dict[str, float]:
         return {

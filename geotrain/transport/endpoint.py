@@ -130,6 +130,7 @@ class Transport:
         self._handlers: dict[str, Handler] = {}
         self._rpc_waiting: set[str] = set()
         self._job: str | None = None
+        self._past_jobs: set[str] = set()
         self._min_plan = 0
         self._stats = TransportStats()
         self._stats_lock = threading.Lock()
@@ -199,7 +200,14 @@ class Transport:
         self._command(("disconnect", peer_id))
 
     def set_context(self, *, job: str | None, plan_version: int = 0) -> None:
-        """Drop inbound job traffic for another job or an older plan version (swarm traffic has job "")."""
+        """Drop inbound traffic of jobs this peer has left and of older plan versions of ``job``.
+
+        Swarm traffic (job "") always passes. Traffic of a job this peer has not
+        joined yet is kept (bounded by ``limits.max_buffered_bytes``): a
+        neighbour may switch to a new job a moment before this peer does.
+        """
+        if self._job is not None and job != self._job:
+            self._past_jobs.add(self._job)
         self._job = job
         self._min_plan = plan_version
         with self._mail_cv:
@@ -310,7 +318,9 @@ class Transport:
     def _fresh(self, h: Header) -> bool:
         if self._job is None or h.job == "":
             return True
-        return h.job == self._job and h.plan >= self._min_plan
+        if h.job == self._job:
+            return h.plan >= self._min_plan
+        return h.job not in self._past_jobs
 
     def _take(self, kind: str, tag: tuple[Any, ...] | None, deadline: float) -> _Inbound:
         with self._mail_cv:

@@ -77,3 +77,34 @@ def test_killed_peer_is_replanned_and_job_finishes(children: ChildGroup, tmp_pat
     assert dead not in {s["peer"] for pipe in last_plan["pipelines"] for s in pipe}
     val = [v for v in report["validation"] if v["loss"] is not None]
     assert val[-1]["loss"] < val[0]["loss"] - 0.5, val  # progress survived the replan
+
+
+def test_stop_after_round_k_then_resume_continues_at_k_plus_1(children: ChildGroup, tmp_path: Path) -> None:
+    from geotrain.coordinator.evaluate import validation_loss
+    from geotrain.peers import checkpoint
+
+    ckpt = tmp_path / "ckpt"
+    spec = tiny_job(steps=10)  # every = 5: rounds 1 and 2, a checkpoint after each
+    spec["checkpoint"] = {"dir": str(ckpt), "every_rounds": 1}
+    swarm = start_local_swarm(children, regions=["us", "us", "eu", "eu"], heartbeat_s=1.0)
+    first = run_coordinator(None, initial_peers=swarm.maddrs, job_id="e2e-ck1", report_dir=tmp_path / "r1",
+                            job=job_from_dict(spec))
+    num_blocks = 6
+    assert checkpoint.latest_complete(ckpt, num_blocks) == 10
+    saved = checkpoint.load(ckpt, 10, job_id="x")
+    assert saved.round == 2
+    assert first["summary"]["val_loss_final"] == pytest.approx(validation_loss(job_from_dict(spec), saved.params), abs=1e-6)
+
+    # resume with a stop step equal to the checkpoint: the swarm's global model must equal the checkpoint
+    spec["checkpoint"] = {"dir": None}
+    same = run_coordinator(None, initial_peers=swarm.maddrs, job_id="e2e-ck2", report_dir=tmp_path / "r2",
+                           job=job_from_dict(spec), resume=ckpt)
+    assert same["plans"][0]["start_step"] == 10
+    assert same["summary"]["val_loss_final"] == pytest.approx(first["summary"]["val_loss_final"], abs=1e-6)
+
+    # resume and train one more round: the round counter goes on at 3
+    spec["stop"] = {"steps": 15}
+    more = run_coordinator(None, initial_peers=swarm.maddrs, job_id="e2e-ck3", report_dir=tmp_path / "r3",
+                           job=job_from_dict(spec), resume=ckpt)
+    assert more["checkpoints"]["last_round"] == 3
+    assert checkpoint.latest_complete(ckpt, num_blocks) == 15

@@ -72,12 +72,16 @@ def test_request_reply_and_probe(pair: tuple[Transport, Transport]) -> None:
 
 def test_stale_and_foreign_messages_are_dropped(pair: tuple[Transport, Transport]) -> None:
     a, b = pair
+    b.set_context(job="old", plan_version=1)
     b.set_context(job="job1", plan_version=3)
-    a.send("b", Message(kind="act", job="other", plan_version=3))
-    a.send("b", Message(kind="act", job="job1", plan_version=2))
+    a.send("b", Message(kind="act", job="old", plan_version=5))  # a job b has left
+    a.send("b", Message(kind="act", job="job1", plan_version=2))  # an older plan of b's job
     a.send("b", Message(kind="act", job="job1", plan_version=3, step=7))
     assert b.recv("act", timeout=10).step == 7
     assert b.stats.dropped["StaleMessageError"] == 2
+    # a job b has not joined yet is kept: a neighbour may switch a moment earlier
+    a.send("b", Message(kind="act", job="next", plan_version=1, step=9))
+    assert b.recv("act", timeout=10).step == 9
 
 
 def test_recv_unblocks_on_close() -> None:
