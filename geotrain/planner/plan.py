@@ -112,12 +112,15 @@ def plan(
     time_budget_s: float = 20.0,
     baselines: bool = True,
     genetic: bl.GeneticConfig | None = None,
+    moves: int | None = None,
 ) -> PlanResult:
     """Choose stages, pipelines, peers and layer splits for ``scenario``.
 
     ``objective`` overrides ``scenario.job.objective``. Exact search when it
     would score at most ``exact_limit`` grids, else the heuristic (bounded by
-    ``time_budget_s``). Baselines get the chosen shape (see ``baselines``).
+    ``time_budget_s``; ``moves`` caps each local search's evaluations, which
+    keeps repeated calls cheap and deterministic). Baselines get the chosen
+    shape (see ``baselines``).
     Raises :class:`InfeasiblePlanError` naming what is missing.
     """
     obj = scenario.job.objective if objective is None else Objective.parse(objective)
@@ -131,7 +134,7 @@ def plan(
     if exhaustive_size(cm, len(ids)) <= exact_limit:
         method, best = "exact", exhaustive(score, ids)
     else:
-        method, best = "heuristic", heuristic(score, ids, seed=seed, time_budget_s=time_budget_s)
+        method, best = "heuristic", heuristic(score, ids, seed=seed, time_budget_s=time_budget_s, moves=moves)
     solve_s = time.perf_counter() - t0
     if best is None:
         raise InfeasiblePlanError(f"no feasible plan: {score.last_reason}")

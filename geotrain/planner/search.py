@@ -101,15 +101,31 @@ def exhaustive_size(cm: CostModel, n_peers: int) -> int:
     return total
 
 
+def _arrangements(ids: Sequence[str], S: int, P: int) -> Iterable[Grid]:
+    """Every grid of P pipelines x S stages up to the order of pipelines (rows sorted by first peer)."""
+
+    def rec(rows: list[tuple[str, ...]], used: set[str], last_first: str | None) -> Iterable[Grid]:
+        if len(rows) == P:
+            yield tuple(rows)
+            return
+        for f in ids:
+            if f in used or (last_first is not None and f <= last_first):
+                continue
+            rest = [q for q in ids if q not in used and q != f]
+            for tail in itertools.permutations(rest, S - 1):
+                row = (f, *tail)
+                yield from rec([*rows, row], used | set(row), f)
+
+    return rec([], set(), None)
+
+
 def exhaustive(score: Scorer, peer_ids: Sequence[str]) -> Candidate | None:
     """The best grid over every shape and arrangement (pipelines are unordered)."""
     best: Candidate | None = None
-    for S, P in shapes(score.cm, len(peer_ids), dense=True):
-        for perm in itertools.permutations(peer_ids, S * P):
-            rows = [perm[i * S:(i + 1) * S] for i in range(P)]
-            if any(rows[i][0] > rows[i + 1][0] for i in range(P - 1)):
-                continue  # same pipelines in another order
-            c = score(tuple(rows))
+    ids = sorted(peer_ids)
+    for S, P in shapes(score.cm, len(ids), dense=True):
+        for grid in _arrangements(ids, S, P):
+            c = score(grid)
             if c is not None and (best is None or c.score < best.score):
                 best = c
     return best
@@ -277,7 +293,7 @@ def _refine_pipelines(score: Scorer, found: list[Candidate], order: Sequence[str
 
 
 def heuristic(score: Scorer, peer_ids: Sequence[str], *, seed: int = 0, time_budget_s: float = 10.0,
-              keep: int | None = None, stall_stages: int = 4) -> Candidate | None:
+              keep: int | None = None, stall_stages: int = 4, moves: int | None = None) -> Candidate | None:
     """Region-aware packing for every shape, then local search on the ``keep`` best shapes.
 
     Shapes are scanned by growing stage count; the scan stops once
@@ -286,14 +302,17 @@ def heuristic(score: Scorer, peer_ids: Sequence[str], *, seed: int = 0, time_bud
     from several peer orders (by the objective's ranking, by speed, by
     memory, and each strong region first); on large swarms the scan uses the
     first order only and the others are tried on the best shapes. Small
-    swarms then get iterated local search (kicks of two random swaps).
+    swarms then get iterated local search (kicks of two random swaps) on
+    their best few shapes. ``moves`` caps the evaluations of each local search
+    (default 3,000 on small swarms, 1,500 on large ones); the result depends
+    on the wall clock only when ``time_budget_s`` runs out first.
     """
     cm = score.cm
     rng = random.Random(seed)
     deadline = time.monotonic() + time_budget_s
     n = len(peer_ids)
     small = n <= 16
-    keep = keep if keep is not None else (1000 if small else 3)
+    keep = keep if keep is not None else (8 if small else 3)
     orders = _orders(cm, score.objective, peer_ids)
     scan_orders = orders if small else orders[:1]
     by_stages: dict[int, list[int]] = {}
@@ -339,11 +358,11 @@ def heuristic(score: Scorer, peer_ids: Sequence[str], *, seed: int = 0, time_bud
             if alt is not None and alt.score < c.score:
                 c = alt
         top.append(c)
-    budget = 3000 if small else 1500
+    budget = moves if moves is not None else (3000 if small else 1500)
     results = []
-    for c in top:
+    for rank, c in enumerate(top):
         c = local_search(score, c, peer_ids, budget=budget, rng=rng, deadline=deadline)
-        for _ in range(6 if small else 0):  # iterated local search: kick, descend, keep if better
+        for _ in range(6 if small and rank < 3 else 0):  # iterated local search: kick, descend, keep if better
             used = {q for row in c.grid for q in row}
             spares = [q for q in peer_ids if q not in used]
             g, _ = _random_move(*_random_move(c.grid, spares, rng), rng)

@@ -69,8 +69,8 @@ def simulate_step(t: PipelineTiming) -> float:
     ops = [one_f_one_b_order(s, S, M) for s in range(S)]
     nxt = [0] * S
     busy = [False] * S
-    have_act = [set() for _ in range(S)]  # microbatches whose activations reached stage s
-    have_grad = [set() for _ in range(S)]
+    have_act: list[set[int]] = [set() for _ in range(S)]  # microbatches whose activations reached stage s
+    have_grad: list[set[int]] = [set() for _ in range(S)]
     # link FIFOs: key (hop, direction); direction 0 = forward, 1 = backward (shared if not duplex)
     free_at: dict[tuple[int, int], float] = {}
     events: list[tuple[float, int, str, int, int]] = []  # (time, seq, kind, stage, microbatch)

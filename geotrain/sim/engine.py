@@ -1,0 +1,312 @@
+"""Discrete-event simulation of a job on a scenario: rounds, churn, repairs, replans, money.
+
+Time advances round by round (a *round* is H inner steps of every pipeline
+then the stage groups' all-reduce); peer departures, returns and preemption
+bursts are events on a heap, applied at their exact times inside a round.
+
+- Pipelines: each pipeline's inner step comes from the event-level 1F1B
+  schedule (``onef1b``) or the planner's closed form, times a lognormal
+  straggler factor per round. A pipeline slower than ``deadline_factor`` x
+  the median misses the round: its H steps are discarded (the round goes on
+  without it, as the sync engine does).
+- Rounds: the stage groups' hierarchical all-reduce time and bytes come from
+  the planner's cost model for the current plan; with overlap, only the part
+  longer than the round's compute shows.
+- A peer that leaves mid-round breaks its pipeline: that pipeline's inner
+  progress since the last round is lost (its tokens count as waste). At the
+  round boundary the pipeline is repaired from a spare (same region first,
+  enough memory, fastest), which pulls the stage's state (weights plus the
+  DiLoCo anchor and outer momentum) from the best-connected live member of
+  its stage group; the pipeline rejoins when the transfer ends. With no
+  fitting spare the pipeline is dropped and the job replans.
+- Replans call the real planner (``geotrain.planner.plan``) on the live
+  peers, keeping the stage count, at most once per ``replan_every_hours``
+  unless a pipeline could not be repaired; every peer whose layers change
+  pulls its new stage's state, and the swarm pauses ``replan_s`` plus the
+  slowest transfer.
+- Money: the plan's peers' prices while they are in the plan, plus egress
+  per region pair for the bytes that crossed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import logging
+import math
+import random
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from geotrain.errors import InfeasiblePlanError
+from geotrain.planner import CostModel, Prediction, Scenario, StageAssignment, plan
+from geotrain.sim.config import SimConfig
+from geotrain.sim.onef1b import simulate_step, timing_from_plan
+from geotrain.sim.result import SimResult
+
+logger = logging.getLogger(__name__)
+Pipelines = list[list[StageAssignment]]
+STATE_BYTES_PER_PARAM_EXTRA = 8.0  # a joiner pulls weights + DiLoCo anchor and outer momentum (fp32)
+
+
+class Simulation:
+    """One run of :class:`SimConfig` on a scenario; :meth:`run` returns a :class:`SimResult`."""
+
+    def __init__(self, scenario: Scenario, config: SimConfig, *, objective: Any = None) -> None:
+        self.sc = scenario if objective is None else dataclasses.replace(
+            scenario, job=dataclasses.replace(scenario.job, objective=_objective(objective)))
+        self.cfg = config
+        self.cm = CostModel(self.sc)
+        self.rng = random.Random(config.seed)
+        self.res = SimResult(config=config)
+        self.alive: set[str] = {p.id for p in self.sc.peers}
+        self.events: list[tuple[float, int, str, str]] = []  # (time, seq, kind, peer or region)
+        self._seq = 0
+        self.pipelines: Pipelines = []
+        self.pred: Prediction | None = None
+        self.blocked_until: list[float] = []
+        self.stages: int | None = self.sc.job.stages
+        self.version = 0
+        self.last_replan = -math.inf
+        self._step_cache: dict[tuple[Any, ...], float] = {}
+        self.tokens_per_step = self.cm.M * self.cm.m
+        self.H = self.sc.job.sync_every
+
+    # -- events -----------------------------------------------------------------------------------
+    def _push(self, t: float, kind: str, who: str) -> None:
+        heapq.heappush(self.events, (t, self._seq, kind, who))
+        self._seq += 1
+
+    def _schedule_leave(self, peer: str, now: float) -> None:
+        if self.cfg.churn_per_hour > 0:
+            self._push(now + self.rng.expovariate(self.cfg.churn_per_hour) * 3600.0, "leave", peer)
+
+    def _apply_events(self, until: float, broken: dict[int, float]) -> None:
+        """Apply departures/returns/bursts up to ``until``; ``broken`` gets pipeline -> time it broke."""
+        while self.events and self.events[0][0] <= until:
+            t, _, kind, who = heapq.heappop(self.events)
+            if kind == "burst":
+                region_peers = sorted(q for q in self.alive if self.sc.peer(q).region == who)
+                k = math.ceil(self.cfg.burst_fraction * len(region_peers))
+                victims = self.rng.sample(region_peers, k) if k else []
+                self.res.event(t, "burst", region=who, peers=len(victims))
+                for q in victims:
+                    self._leave(q, t, broken, burst=True)
+                self._push(t + self.rng.expovariate(self.cfg.burst_per_hour) * 3600.0, "burst",
+                           self.rng.choice(sorted(self.sc.regions)))
+            elif kind == "leave" and who in self.alive:
+                self._leave(who, t, broken)
+            elif kind == "join":
+                self.alive.add(who)
+                self.res.joins += 1
+                self.res.event(t, "join", peer=who)
+                self._schedule_leave(who, t)
+
+    def _leave(self, peer: str, t: float, broken: dict[int, float], *, burst: bool = False) -> None:
+        self.alive.discard(peer)
+        self.res.departures += 1
+        if not burst:
+            self.res.event(t, "leave", peer=peer)
+        if self.cfg.rejoin_hours > 0:
+            self._push(t + self.rng.expovariate(1.0 / self.cfg.rejoin_hours) * 3600.0, "join", peer)
+        for i, pipe in enumerate(self.pipelines):
+            if any(st.peer == peer for st in pipe):
+                broken.setdefault(i, t)
+
+    # -- timing -----------------------------------------------------------------------------------
+    def _step_s(self, pipe: Sequence[StageAssignment], closed_form: float) -> float:
+        if not self.cfg.exact_pipelines:
+            return closed_form
+        key = tuple((st.peer, st.layers) for st in pipe)
+        if key not in self._step_cache:
+            self._step_cache[key] = simulate_step(timing_from_plan(self.cm, pipe))
+        return self._step_cache[key]
+
+    def _set_plan(self, pipelines: Pipelines, now: float, blocked: list[float] | None = None) -> None:
+        self.pipelines = pipelines
+        self.blocked_until = blocked if blocked is not None else [now] * len(pipelines)
+        pred = self.cm.predict(pipelines, check_memory=True) if pipelines else None
+        self.pred = pred if isinstance(pred, Prediction) else None
+        if pipelines and self.pred is None:
+            raise AssertionError(f"simulator built an invalid plan: {pred}")
+
+    def _transfer_s(self, peer: str, layers: tuple[int, int], donors: Sequence[str]) -> float:
+        """Seconds for ``peer`` to pull the state of ``layers`` from the best-connected donor."""
+        n_params = (self.cm.params[layers[1]] - self.cm.params[layers[0]]) / self.cm.d
+        nbytes = n_params * (self.cm.d + STATE_BYTES_PER_PARAM_EXTRA)
+        best = math.inf
+        for d in donors:
+            ln = self.sc.link(peer, d) if d != peer else None
+            if ln is not None:
+                best = min(best, nbytes / ln.bytes_per_s + ln.rtt_s)
+        return best if math.isfinite(best) else 0.0  # no donor left: the stage restarts from the last checkpoint
+
+    # -- planning ---------------------------------------------------------------------------------
+    def _replan(self, now: float, reason: str) -> float:
+        """Plan on the live peers with the real planner; returns the pause it costs."""
+        old = {st.peer: st.layers for pipe in self.pipelines for st in pipe}
+        live = [p for p in self.sc.peers if p.id in self.alive]
+        self.last_replan = now
+        if not live:
+            self._set_plan([], now)
+            return 0.0
+        job = dataclasses.replace(self.sc.job, stages=self.stages) if self.stages else self.sc.job
+        sub = dataclasses.replace(self.sc, peers=tuple(live), job=job)
+        try:
+            result = plan(sub, seed=self.cfg.seed + self.version, time_budget_s=self.cfg.planner_budget_s,
+                          baselines=False, moves=self.cfg.planner_moves)
+        except InfeasiblePlanError as e:
+            self.res.event(now, "replan_failed", reason=str(e))
+            self._set_plan([], now)
+            return 0.0
+        self.version += 1
+        self.res.replans += 1
+        self.stages = self.stages or len(result.pipelines[0])
+        pause = self.cfg.replan_s if self.version > 1 else 0.0
+        slowest = 0.0
+        if self.version > 1:
+            holders: dict[tuple[int, int], list[str]] = {}
+            for q, lr in old.items():
+                if q in self.alive:
+                    holders.setdefault(lr, []).append(q)
+            for pipe in result.pipelines:
+                for st in pipe:
+                    if old.get(st.peer) != st.layers:
+                        donors = [q for lr, qs in holders.items() if lr[0] <= st.layers[0] < lr[1] for q in qs]
+                        slowest = max(slowest, self._transfer_s(st.peer, st.layers, donors))
+        self._set_plan(result.pipelines, now, [now + pause + slowest] * len(result.pipelines))
+        self.res.event(now, "replan", version=self.version, reason=reason, pipelines=len(self.pipelines),
+                       stages=len(self.pipelines[0]), pause_s=round(pause + slowest, 3))
+        return pause + slowest
+
+    def _repair(self, now: float, broken: Sequence[int]) -> bool:
+        """Replace dead peers of ``broken`` pipelines with spares; False if one could not be repaired."""
+        in_plan = {st.peer for pipe in self.pipelines for st in pipe}
+        spares = sorted((q for q in self.alive if q not in in_plan), key=lambda q: (-self.cm.flops_of[q], q))
+        ok, keep, blocked = True, [], []
+        S = len(self.pipelines[0]) if self.pipelines else 0
+        for i, pipe in enumerate(self.pipelines):
+            if i not in broken:
+                keep.append(pipe)
+                blocked.append(self.blocked_until[i])
+                continue
+            new_pipe, ready = list(pipe), now
+            for si, st in enumerate(pipe):
+                if st.peer in self.alive:
+                    continue
+                need = self.cm.stage_memory(st.layers[0], st.layers[1], si, S)
+                region = self.sc.peer(st.peer).region
+                fits = [q for q in spares if self.sc.peer(q).memory_bytes >= need
+                        and all(self.sc.link(q, nb.peer) is not None
+                                for nb in (pipe[si - 1] if si else None, pipe[si + 1] if si + 1 < S else None)
+                                if nb is not None)]
+                if not fits:
+                    ok = False
+                    break
+                pick = next((q for q in fits if self.sc.peer(q).region == region), fits[0])
+                spares.remove(pick)
+                donors = [p2[si].peer for p2 in self.pipelines if p2[si].peer in self.alive]
+                ready = max(ready, now + self._transfer_s(pick, st.layers, donors))
+                new_pipe[si] = StageAssignment(peer=pick, layers=st.layers)
+                self.res.repairs += 1
+                self.res.event(now, "repair", pipeline=i, stage=si, dead=st.peer, spare=pick,
+                               transfer_s=round(ready - now, 3))
+            else:
+                keep.append(new_pipe)
+                blocked.append(ready)
+                continue
+            self.res.event(now, "drop_pipeline", pipeline=i)
+        self._set_plan(keep, now, blocked)
+        return ok
+
+    # -- the run ----------------------------------------------------------------------------------
+    def run(self) -> SimResult:
+        cfg, res = self.cfg, self.res
+        end = cfg.hours * 3600.0
+        for q in sorted(self.alive):
+            self._schedule_leave(q, 0.0)
+        if cfg.burst_per_hour > 0:
+            self._push(self.rng.expovariate(cfg.burst_per_hour) * 3600.0, "burst", self.rng.choice(sorted(self.sc.regions)))
+        t = self._replan(0.0, "start")
+        while t < end:
+            if not self.pipelines or self.pred is None:
+                nxt = self.events[0][0] if self.events else end
+                res.idle_s += min(nxt, end) - t
+                self._apply_events(min(nxt, end), {})
+                t = min(nxt, end)
+                if t < end:
+                    t += self._replan(t, "no plan")
+                continue
+            t = self._round(t, end)
+        res.finish(max(end, t))
+        return res
+
+    def _round(self, t: float, end: float) -> float:
+        cfg, res, pred = self.cfg, self.res, self.pred
+        assert pred is not None
+        H = self.H
+        spans = []
+        for i, pipe in enumerate(self.pipelines):
+            step = self._step_s(pipe, pred.pipeline_steps_s[i])
+            jitter = math.exp(self.rng.gauss(0.0, cfg.straggler_sigma)) if cfg.straggler_sigma else 1.0
+            start = max(t, self.blocked_until[i])
+            spans.append((start, start + H * step * jitter, step))
+        median = statistics.median(e - t for _, e, _ in spans)
+        deadline = t + cfg.deadline_factor * median
+        done_by = max((e for _, e, _ in spans if e <= deadline), default=deadline)
+        exposed = max(0.0, pred.round_sync_s - (done_by - t)) if self.sc.job.overlap_sync else pred.round_sync_s
+        t_end = done_by + exposed
+        broken: dict[int, float] = {}
+        self._apply_events(t_end, broken)
+        good = [i for i, (_, e, _) in enumerate(spans) if e <= deadline and (i not in broken or broken[i] > t_end)]
+        missed = sum(1 for _, e, _ in spans if e > deadline)
+        res.missed_deadlines += missed
+        n_good = len(good)
+        tokens = n_good * H * self.tokens_per_step
+        wasted = 0.0
+        for i, (s0, e, step) in enumerate(spans):
+            if i in good:
+                res.busy_peer_s += H * step * len(self.pipelines[i]) * self._utilisation(i, step)
+                continue
+            stop = min(e, broken.get(i, e), t_end)
+            wasted += max(0.0, stop - s0) / step * self.tokens_per_step
+        dt = t_end - t
+        frac = n_good / len(self.pipelines)
+        billed = sum(self.sc.peer(st.peer).usd_per_hour for pipe in self.pipelines for st in pipe)
+        usd = billed * dt / 3600.0
+        for key, per_step in pred.bytes_per_region_pair.items():
+            nbytes = per_step * H * frac
+            res.bytes_per_region_pair[key] = res.bytes_per_region_pair.get(key, 0.0) + nbytes
+            usd += nbytes * self.sc.egress_usd_per_gb(*key) / 1e9
+        res.billed_peer_s += sum(len(p) for p in self.pipelines) * dt
+        res.add_round(t, t_end, tokens=tokens, wasted=wasted, usd=usd, alive=len(self.alive),
+                      in_plan=sum(len(p) for p in self.pipelines), pipelines=len(self.pipelines), version=self.version)
+        t = t_end
+        if t >= end:
+            return t
+        if broken:
+            ok = self._repair(t, sorted(broken))
+            if not ok or not self.pipelines:
+                return t + self._replan(t, "a pipeline could not be repaired")
+        in_plan = sum(len(p) for p in self.pipelines)
+        spare_count = len(self.alive) - in_plan
+        if spare_count >= (self.stages or 1) and t - self.last_replan >= cfg.replan_every_hours * 3600.0:
+            return t + self._replan(t, f"{spare_count} spares")
+        return t
+
+    def _utilisation(self, i: int, step: float) -> float:
+        """Mean busy fraction of pipeline ``i``'s peers during one inner step of ``step`` seconds."""
+        comp = [self.cm.stage_compute_s(st.layers[0], st.layers[1], self.cm.flops_of[st.peer]) for st in self.pipelines[i]]
+        return min(1.0, self.cm.M * sum(comp) / len(comp) / step)
+
+
+def _objective(raw: Any) -> Any:
+    from geotrain.planner import Objective
+
+    return Objective.parse(raw)
+
+
+def simulate(scenario: Scenario, config: SimConfig | None = None, *, objective: Any = None) -> SimResult:
+    """Simulate ``scenario``'s job under ``config`` (see the module docstring)."""
+    return Simulation(scenario, config or SimConfig(), objective=objective).run()
