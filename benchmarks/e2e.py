@@ -1,0 +1,360 @@
+"""End-to-end benchmark: geotrain against sync DP, hivemind.Optimizer and flat DiLoCo on emulated regions.
+
+The same model (the job's GPT), data (the embedded corpus, one shard per peer
+or pipeline), token budget and emulated links for every contender, run back to
+back in one invocation; peers are put in the scenario's regions round-robin:
+
+1. ``ddp``: synchronous data parallel, gloo all-reduce of the gradients every step;
+2. ``hivemind``: ``hivemind.Optimizer``, collaborative large-batch mode;
+3. ``diloco``: flat DiLoCo on hivemind's DecentralizedAverager (the OpenDiLoCo recipe);
+4. ``geotrain``: planned pipelines + hierarchical DiLoCo + codecs (``geotrain dht/peer/run``).
+
+Links: with namespaces (root; ``--netns auto|on``) every region is a network
+namespace and the kernel shapes each region pair's bandwidth (htb) for every
+contender alike. This kernel has no ``netem``, so the scenario's delay is added
+only inside geotrain's transport: gloo and hivemind traffic gets the bandwidth
+but *no* delay (which favours contenders 1-3). Without namespaces (``off``)
+everything runs on loopback: geotrain's transport emulates delay and bandwidth
+and contenders 1-3 run unshaped; the output says so.
+
+Bytes: with namespaces, cross-region bytes are the htb counters of every region
+pair and intra-region bytes the ``lo`` counters of every region, read when the
+contender's training starts and ends (``bytes_method``); what each contender
+counts itself is reported beside them (``self_counted``). Setup traffic before
+training (DHT bootstrap, geotrain's link probes) is reported apart.
+
+Per contender one JSON line (``event: contender``): wall time to the target
+validation loss (the loss contender 1 reaches at the budget, from checkpoints
+of the global model evaluated after the run), final validation loss,
+cross-region and total bytes, compute utilisation (fraction of training wall
+time in forward/backward), USD (peers' prices x wall time + egress x
+cross-region bytes); then ``event: summary`` with geotrain's ratios.
+
+Run: ``python -m benchmarks.e2e`` (full, ~15 min here) or ``--smoke`` (< 3 min).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ALL = ("ddp", "hivemind", "diloco", "geotrain")
+LABELS = {
+    "ddp": "synchronous data parallel (torch.distributed gloo, gradient all-reduce every step)",
+    "hivemind": "hivemind.Optimizer (collaborative large-batch mode, fp16 gradient all-reduce)",
+    "diloco": "flat DiLoCo on hivemind DecentralizedAverager (OpenDiLoCo recipe, fp16)",
+    "geotrain": "geotrain (planned pipelines + hierarchical DiLoCo + codecs)",
+}
+TARGETS = {"speedup_vs_ddp": 10.0, "speedup_vs_diloco": 1.5, "cross_region_bytes_ratio_vs_ddp": 1000.0,
+           "compute_utilisation": 0.95}
+
+
+def _say(line: dict[str, Any]) -> None:
+    from benchmarks.contenders.results import rounded
+
+    print(json.dumps(rounded(line), default=str), flush=True)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.e2e", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scenario", default=None, help="scenario JSON (regions, links, peers' prices); default: the demo's")
+    p.add_argument("--budget-tokens", type=int, default=None, help="tokens every contender trains on")
+    p.add_argument("--peers", type=int, default=None, help="peers per contender (default 6; smoke 3)")
+    p.add_argument("--preset", default=None, choices=("tiny", "small"), help="model preset (default tiny)")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes for CI (< 3 minutes)")
+    p.add_argument("--contenders", default=",".join(ALL), help=f"comma-separated subset of {','.join(ALL)}")
+    p.add_argument("--netns", default="auto", choices=("auto", "on", "off"),
+                   help="regions as network namespaces (root): auto = when root")
+    p.add_argument("--scale", type=float, default=1.0, help="divide every emulated bandwidth by this")
+    p.add_argument("--every", type=int, default=None, help="DiLoCo H for geotrain and flat DiLoCo (default 10; smoke 5)")
+    p.add_argument("--codec", default="int8", help="geotrain's cross-region pseudo-gradient codec")
+    p.add_argument("--fragments", type=int, default=1, help="geotrain's streaming fragments")
+    p.add_argument("--overlap", type=int, default=0, help="geotrain's overlap tau (inner steps)")
+    p.add_argument("--stages", default="auto", help="geotrain's pipeline stages: auto or a number")
+    p.add_argument("--timeout", type=float, default=None, help="seconds allowed per contender")
+    p.add_argument("--work-dir", default=None, help="keep snapshots, logs and reports here (default: a temp dir)")
+    args = p.parse_args(argv)
+    args.contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
+    bad = [c for c in args.contenders if c not in ALL]
+    if bad:
+        p.error(f"unknown contender(s) {bad}; choose from {','.join(ALL)}")
+    smoke = args.smoke
+    args.peers = args.peers or (3 if smoke else 6)
+    args.preset = args.preset or "tiny"
+    args.every = args.every or (5 if smoke else 10)
+    args.timeout = args.timeout or (100.0 if smoke else 420.0)
+    if args.budget_tokens is None:
+        args.budget_tokens = 3 * 16 * 32 * 25 if smoke else 6 * 16 * 32 * 300
+    if args.peers < 2:
+        p.error("--peers must be >= 2")
+    if args.stages != "auto":
+        args.stages = int(args.stages)
+    return args
+
+
+def load_scenario(path: str | None) -> tuple[dict[str, Any], dict[str, float], dict[str, float]]:
+    """The scenario, each region's peer price (USD/h) and egress price (USD/GB)."""
+    from geotrain.cli.demo import DEMO_SCENARIO, PRICES
+
+    scenario = json.loads(Path(path).read_text()) if path else DEMO_SCENARIO
+    regions = list(scenario["regions"])
+    by_region: dict[str, list[float]] = {}
+    for peer in scenario.get("peers", []):
+        if "usd_per_hour" in peer:
+            by_region.setdefault(peer["region"], []).append(float(peer["usd_per_hour"]))
+    prices = {r: (sum(by_region[r]) / len(by_region[r]) if r in by_region else PRICES.get(r, 1.0)) for r in regions}
+    egress = {r: float((scenario["regions"][r] or {}).get("egress_usd_per_gb", 0.02))
+              if isinstance(scenario["regions"], dict) else 0.02 for r in regions}
+    return scenario, prices, egress
+
+
+def job_dict(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """The job every contender trains (contenders 1-3 read model, data, optimizer and batch size from it)."""
+    return {
+        "job": {"name": "e2e", "seed": 0},
+        "model": {"preset": args.preset},
+        "data": {"source": "stdlib", "max_bytes": 2 << 20},
+        "pipeline": {"stages": args.stages, "pipelines": "auto", "micro_batch_size": 4, "microbatches": 4,
+                     "schedule": "1f1b"},
+        "optimizer": {"lr": 3e-3},
+        "sync": {"every": args.every, "codec": args.codec, "fragments": args.fragments, "overlap": args.overlap},
+        "codecs": {"activation": "fp16", "activation_grad": "fp16"},
+        "stop": {"steps": 10**7, "tokens": args.budget_tokens},
+        "checkpoint": {"dir": str(work / "geotrain" / "ckpt"), "every_rounds": 1},
+        "swarm": {"min_peers": args.peers, "wait_peers_s": 180.0, "hop_timeout_s": 30.0, "round_timeout_s": 30.0,
+                  "heartbeat_s": 2.0},
+        "report": {"dir": str(work / "geotrain"), "eval_batches": 8},
+    }
+
+
+def make_network(mode: str, scenario: dict[str, Any], scale: float) -> Any:
+    from benchmarks.contenders.launch import LoopbackNetwork, NetnsNetwork
+
+    if mode == "off" or (mode == "auto" and os.geteuid() != 0):
+        return LoopbackNetwork()
+    return NetnsNetwork(scenario, scale=scale)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING)
+    args = parse(argv)
+    from benchmarks.contenders.geotrain_run import run_geotrain
+    from benchmarks.contenders.results import evaluate_checkpoints, ratio, time_to_target, usd
+    from benchmarks.contenders.workers import run_workers
+    from geotrain.config import job_from_dict
+    from geotrain.coordinator.evaluate import validation_loss
+
+    scenario, prices, egress = load_scenario(args.scenario)
+    regions_all = list(scenario["regions"])
+    regions = [regions_all[i % len(regions_all)] for i in range(args.peers)]
+    own_dir = args.work_dir is None
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="geotrain-e2e-"))
+    work.mkdir(parents=True, exist_ok=True)
+    job = job_dict(args, work)
+    spec_job = job_from_dict(job)
+    seq_len = spec_job.model.context
+    batch = job["pipeline"]["micro_batch_size"] * job["pipeline"]["microbatches"]
+    steps = args.budget_tokens // (args.peers * batch * seq_len)
+    if steps < 1:
+        raise SystemExit(f"--budget-tokens {args.budget_tokens} is less than one step of {args.peers} peers "
+                         f"x {batch} x {seq_len} tokens; raise it")
+    scenario_path = work / "scenario.json"
+    scenario_path.write_text(json.dumps(scenario))
+    network = make_network(args.netns, scenario, args.scale)
+    shaped = network.kernel_shaped
+    notes = [
+        "netem is absent from this kernel: the scenario's delay is added only in geotrain's transport; "
+        "gloo and hivemind traffic gets no added delay" + (" (bandwidth is shaped by htb for all)" if shaped else ""),
+    ]
+    if not shaped:
+        notes.append("no namespaces: contenders 1-3 run on unshaped loopback; geotrain emulates delay + bandwidth "
+                     "in its transport; bytes are self-counted")
+    init_loss = validation_loss(spec_job)
+    _say({"event": "config", "peers": args.peers, "regions": regions, "preset": args.preset,
+          "budget_tokens": args.budget_tokens, "steps_per_peer": steps, "batch_per_peer": batch, "seq_len": seq_len,
+          "every": args.every, "network": "netns" if shaped else "loopback", "bytes_method": network.bytes_method,
+          "scale": args.scale, "init_val_loss": init_loss, "notes": notes, "work_dir": str(work)})
+    lines: dict[str, dict[str, Any]] = {}
+    curves: dict[str, list[dict[str, Any]]] = {}
+    try:
+        for name in args.contenders:
+            cdir = work / name
+            cdir.mkdir(parents=True, exist_ok=True)
+            t_start = time.monotonic()
+            try:
+                if name == "geotrain":
+                    line, curve = _geotrain(run_geotrain, evaluate_checkpoints, job, spec_job, args, network,
+                                            regions, prices, scenario_path, cdir, init_loss)
+                else:
+                    spec = _worker_spec(name, args, job, steps, batch, regions, cdir)
+                    run = run_workers(name, spec, network=network, regions=regions, work_dir=cdir,
+                                      timeout_s=args.timeout)
+                    curve = evaluate_checkpoints(spec_job, run.snapshots, init_loss)
+                    line = _worker_line(name, run, curve)
+            except (TimeoutError, RuntimeError, OSError) as e:
+                line, curve = {"error": f"{type(e).__name__}: {e}"[:800]}, []
+            line.update(_money(line, regions, prices, egress, usd))
+            line = {"event": "contender", "name": name, "label": LABELS[name], **line,
+                    "bandwidth_shaped": shaped or name == "geotrain", "delay_emulated": name == "geotrain",
+                    "run_s": time.monotonic() - t_start}
+            lines[name], curves[name] = line, curve
+        target = _target(lines)
+        for name, line in lines.items():
+            line["target_loss"] = target
+            line["time_to_target_s"] = time_to_target(curves[name], target)
+            line["reached_target"] = line["time_to_target_s"] is not None
+            _say(line)
+        _say(_summary(lines, target, ratio))
+    finally:
+        network.close()
+        if own_dir:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0 if all("error" not in v for v in lines.values()) else 1
+
+
+def _worker_spec(name: str, args: argparse.Namespace, job: dict[str, Any], steps: int, batch: int,
+                 regions: list[str], cdir: Path) -> Any:
+    from benchmarks.contenders.common import WorkerSpec
+
+    per_epoch = 4  # hivemind: local steps per peer per global step (its large batch)
+    return WorkerSpec(
+        contender=name, job=job, world=args.peers, steps=steps, out_dir=str(cdir / "snapshots"),
+        snapshot_every=max(1, steps // 10), timeout_s=args.timeout, every=args.every,
+        target_batch_size=args.peers * batch * per_epoch, epochs=max(1, steps // per_epoch),
+        matchmaking_s=1.0 if args.smoke else 2.0, averaging_timeout_s=30.0, run_id=f"e2e{os.getpid()}",
+        regions={str(i): r for i, r in enumerate(regions)},
+    )
+
+
+def _worker_line(name: str, run: Any, curve: list[dict[str, Any]]) -> dict[str, Any]:
+    dones = run.dones
+    cross_self = [d.get("self_bytes_cross") for d in dones]
+    total_self = [d.get("self_bytes_total") for d in dones]
+    kb = run.kernel_bytes
+    return {
+        "wall_s": run.wall_s,
+        "tokens": curve[-1]["tokens"] if curve else 0,
+        "val_loss_final": curve[-1]["loss"] if curve else None,
+        "cross_region_bytes": kb["cross_total"] if kb else _sum(cross_self),
+        "total_bytes": kb["total"] if kb else _sum(total_self),
+        "bytes_by_region_pair": kb["cross"] if kb else None,
+        "bytes_method": "kernel" if kb else dones[0].get("self_bytes_method"),
+        "self_counted": {"cross_region_bytes": _sum(cross_self), "total_bytes": _sum(total_self),
+                         "method": dones[0].get("self_bytes_method")},
+        "setup_cross_region_bytes": run.kernel_setup_bytes["cross_total"] if run.kernel_setup_bytes else None,
+        "compute_utilisation": sum(d["utilisation"] for d in dones) / len(dones),
+        "checkpoints": len(curve) - 1,
+        "curve": [[r["t_s"], r["tokens"], r["loss"]] for r in curve],
+        "extra": {k: dones[0][k] for k in ("epochs", "rounds_committed", "rounds_discarded", "timed_out")
+                  if k in dones[0]},
+    }
+
+
+def _geotrain(run_geotrain: Any, evaluate_checkpoints: Any, job: dict[str, Any], spec_job: Any,
+              args: argparse.Namespace, network: Any, regions: list[str], prices: dict[str, float],
+              scenario_path: Path, cdir: Path, init_loss: float) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    run = run_geotrain(job, network=network, regions=regions, prices=prices, scenario_path=scenario_path,
+                       work_dir=cdir, timeout_s=args.timeout, job_id=f"e2e-{os.getpid()}")
+    rep = run.report
+    s = rep["summary"]
+    ckpts = list(run.checkpoints)
+    final = next((v for v in reversed(rep.get("validation", [])) if v.get("source") != "init"), None)
+    if not ckpts and final is not None and final.get("loss") is not None:
+        ckpts = []  # the final model is only known by its loss: add it as a point below
+    curve = evaluate_checkpoints(spec_job, ckpts, init_loss)
+    if not run.checkpoints and final is not None and final.get("loss") is not None:
+        curve.append({"t_s": run.wall_s, "tokens": s["tokens"], "loss": final["loss"]})
+    pairs = rep["bytes"]["by_region_pair"]
+    self_cross = sum(v for k, v in pairs.items() if k.split("->")[0] != k.split("->")[1]
+                     and k.split("->")[1] != "coordinator")
+    kb = run.kernel_bytes
+    util = rep.get("utilisation") or {}
+    plan = (rep.get("plans") or [{}])[-1]
+    return {
+        "wall_s": run.wall_s,
+        "tokens": s["tokens"],
+        "val_loss_final": curve[-1]["loss"] if len(curve) > 1 else s.get("val_loss_final"),
+        "val_loss_final_coordinator": s.get("val_loss_final"),
+        "cross_region_bytes": kb["cross_total"] if kb else self_cross,
+        "total_bytes": kb["total"] if kb else s["total_bytes"],
+        "bytes_by_region_pair": kb["cross"] if kb else pairs,
+        "bytes_method": "kernel" if kb else "geotrain transport counters",
+        "self_counted": {"cross_region_bytes": self_cross, "total_bytes": s["total_bytes"],
+                         "method": "geotrain transport counters (data plane, to peers)"},
+        "setup_cross_region_bytes": run.kernel_setup_bytes["cross_total"] if run.kernel_setup_bytes else None,
+        "compute_utilisation": sum(util.values()) / len(util) if util else None,
+        "checkpoints": len(run.checkpoints),
+        "checkpoint_note": run.checkpoint_note,
+        "curve": [[r["t_s"], r["tokens"], r["loss"]] for r in curve],
+        "extra": {"pipelines": len(plan.get("pipelines") or []),
+                  "stages": [len(p) for p in plan.get("pipelines") or []],
+                  "plan_versions": s.get("plan_versions"), "report_wall_s": s.get("wall_s")},
+    }, curve
+
+
+def _money(line: dict[str, Any], regions: list[str], prices: dict[str, float], egress: dict[str, float],
+           usd: Any) -> dict[str, Any]:
+    if line.get("wall_s") is None:
+        return {}
+    return {"usd": usd(wall_s=line["wall_s"], peer_regions=regions, prices=prices,
+                       cross_pairs=line.get("bytes_by_region_pair"), egress=egress)}
+
+
+def _target(lines: dict[str, dict[str, Any]]) -> float | None:
+    """Contender 1's loss at the budget; without it, the first contender that has a final loss."""
+    for name in ("ddp", *ALL):
+        v = lines.get(name, {}).get("val_loss_final")
+        if v is not None:
+            return float(v)
+    return None
+
+
+def _sum(xs: list[Any]) -> float | None:
+    return None if any(x is None for x in xs) else float(sum(xs))
+
+
+def _summary(lines: dict[str, dict[str, Any]], target: float | None, ratio: Any) -> dict[str, Any]:
+    geo = lines.get("geotrain", {})
+    out: dict[str, Any] = {"event": "summary", "target_loss": target, "target_from": "ddp" if "ddp" in lines else None}
+    for name in ("ddp", "hivemind", "diloco"):
+        if name not in lines:
+            continue
+        other = lines[name]
+        out[f"vs_{name}"] = {
+            "speedup_to_target": ratio(other.get("time_to_target_s"), geo.get("time_to_target_s")),
+            "wall_ratio": ratio(other.get("wall_s"), geo.get("wall_s")),
+            "cross_region_bytes_ratio": ratio(other.get("cross_region_bytes"), geo.get("cross_region_bytes")),
+            "self_counted_cross_bytes_ratio": ratio((other.get("self_counted") or {}).get("cross_region_bytes"),
+                                                    (geo.get("self_counted") or {}).get("cross_region_bytes")),
+            "usd_ratio": ratio((other.get("usd") or {}).get("total"), (geo.get("usd") or {}).get("total")),
+            "final_loss_delta": None if other.get("val_loss_final") is None or geo.get("val_loss_final") is None
+            else geo["val_loss_final"] - other["val_loss_final"],
+        }
+    util = geo.get("compute_utilisation")
+    checks = {
+        "speedup_vs_ddp>=10": _meets((out.get("vs_ddp") or {}).get("speedup_to_target"), TARGETS["speedup_vs_ddp"]),
+        "speedup_vs_diloco>=1.5": _meets((out.get("vs_diloco") or {}).get("speedup_to_target"),
+                                         TARGETS["speedup_vs_diloco"]),
+        "cross_region_bytes_vs_ddp>=1000x": _meets((out.get("vs_ddp") or {}).get("cross_region_bytes_ratio"),
+                                                  TARGETS["cross_region_bytes_ratio_vs_ddp"]),
+        "compute_utilisation>=0.95": _meets(util, TARGETS["compute_utilisation"]),
+    }
+    out["geotrain_compute_utilisation"] = util
+    out["targets_met"] = checks
+    return out
+
+
+def _meets(value: float | None, bar: float) -> bool | None:
+    return None if value is None else value >= bar
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
