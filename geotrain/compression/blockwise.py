@@ -4,10 +4,9 @@ A **block** is a run of ``block`` consecutive elements of the flattened tensor
 that shares one **scale** (its absolute maximum over the largest code). The
 last block may be shorter (the **tail**); nothing is padded on the wire.
 
-Speed: a pass that writes a fresh tensor as large as the input costs more on
-CPU than the arithmetic (page faults on first touch), so quantizing and
-dequantizing walk the (nblocks, block) view in chunks of about 4 MiB through
-one small scratch tensor that stays in cache.
+Speed: the per-block work runs in :mod:`geotrain.compression.kernels` (numpy,
+in cache-sized chunks, on a small thread pool); only per-block scale vectors
+are handled with torch here.
 """
 
 from __future__ import annotations
@@ -16,13 +15,14 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
+from geotrain.compression import kernels
 from geotrain.compression.base import raise_nonfinite
 from geotrain.errors import CodecError
 
-#: Elements per chunk of the quantize/dequantize loops (4 MiB of fp32: stays in the last-level cache;
-#: measured fastest here, and few enough Python iterations that a loaded machine hurts little).
+#: Elements per chunk of the torch loops that remain (topk): 4 MiB of fp32.
 CHUNK_ELEMS = 1 << 20
 
 #: Scale dtypes by config name and by wire name.
@@ -64,26 +64,30 @@ def row_chunks(nrows: int, block: int) -> Iterator[tuple[int, int]]:
         yield r0, min(nrows, r0 + rows)
 
 
+def numpy_view(t: torch.Tensor) -> tuple[np.ndarray, bool]:
+    """A numpy view (no copy) of a contiguous CPU tensor, and whether it holds bf16 bits as uint16."""
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16), True
+    return t.numpy(), False
+
+
 def absmax(flat: torch.Tensor, layout: Layout) -> torch.Tensor:
     """Per-block max |x| as fp32, shape (nblocks,); NaN in a block gives NaN."""
-    parts = []
-    if layout.nfull:
-        main = flat[: layout.nfull * layout.block].view(layout.nfull, layout.block)  # (nfull, block)
-        # amax and amin are vectorised reductions that read the input without writing a
-        # full-size |x| temporary; together they are ~10x faster than x.abs().amax(1) here
-        parts.append(torch.maximum(main.amax(dim=1), main.amin(dim=1).neg()).float())
+    out = torch.empty(layout.nblocks, dtype=torch.float32)
+    nf, b = layout.nfull, layout.block
+    if nf:
+        xn, bf16 = numpy_view(flat[: nf * b])
+        kernels.absmax_rows(xn.reshape(nf, b), bf16, out[:nf].numpy())
     if layout.tail:
-        parts.append(flat[layout.nfull * layout.block :].abs().amax().float().reshape(1))
-    if not parts:
-        return torch.empty(0, dtype=torch.float32)
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
+        out[nf] = flat[nf * b :].abs().amax().float()
+    return out
 
 
 def make_scales(amax: torch.Tensor, qmax: float, scale: str, *, codec: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Scales to send and their exact fp32 values, from per-block absmax.
 
-    Quantizing with the *rounded* scale keeps encoder and decoder in agreement,
-    so a coarse scale dtype (bf16) costs only a slightly larger step.
+    Quantizing with the *transmitted* scale keeps encoder and decoder in
+    agreement, so a coarse scale dtype (bf16) costs only a slightly larger step.
     """
     if amax.numel() and not bool(torch.isfinite(amax).all()):
         raise_nonfinite(codec)
@@ -95,6 +99,13 @@ def make_scales(amax: torch.Tensor, qmax: float, scale: str, *, codec: str) -> t
         if float(s.amax()) > _FP16_MAX or float(nonzero_min) < _FP16_MIN_NORMAL:
             wire = torch.float32
     sent = s.to(wire)
+    if wire is not torch.float32:
+        # round the scale *up* so that |x| / scale <= qmax: codes then need no clamp, and the
+        # step grows by at most one ulp of the scale dtype (2**-7 relative for bf16)
+        low = sent.float() < s
+        if bool(low.any()):
+            bits = sent.view(torch.int16)
+            sent = torch.where(low, bits + 1, bits).view(wire)  # next float up: positive bit patterns are ordered
     return sent, sent.float()
 
 

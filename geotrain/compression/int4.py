@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from geotrain.compression import blockwise as bw
+from geotrain.compression import kernels
 from geotrain.compression.base import (
     Buffer,
     Codec,
@@ -85,6 +86,8 @@ class Int4Codec(Codec):
         self.config = config
         self._qmax = _QMAX[config.grid]
         self._table = _byte_table(config.grid)  # (256, 2)
+        self._table_np = self._table.numpy()
+        self._kind = "int4" if config.grid == "int" else "e2m1"
 
     @property
     def spec(self) -> str:
@@ -113,14 +116,9 @@ class Int4Codec(Codec):
         packed = torch.empty((layout.numel + 1) // 2, dtype=torch.uint8)  # (ceil(N/2),)
         nf, b = layout.nfull, layout.block
         if nf:
-            src = flat[: nf * b].view(nf, b)
-            dst = packed[: nf * b // 2].view(nf, b // 2)
-            tmp = torch.empty(min(nf, max(1, bw.CHUNK_ELEMS // b)), b, dtype=torch.float32)
-            for r0, r1 in bw.row_chunks(nf, b):
-                t = tmp[: r1 - r0]
-                torch.mul(src[r0:r1], inv[r0:r1, None], out=t)
-                pairs = self._codes(t).view(r1 - r0, b // 2, 2)  # (rows, b/2, 2)
-                torch.add(pairs[..., 1], pairs[..., 0], alpha=16, out=dst[r0:r1])
+            xn, bf16 = bw.numpy_view(flat[: nf * b])
+            dst = packed[: nf * b // 2].numpy().reshape(nf, b // 2)
+            kernels.quantize_rows(xn.reshape(nf, b), bf16, inv[:nf].numpy(), dst, kind=self._kind)
         if layout.tail:
             codes = self._codes(flat[nf * b :].float() * inv[-1])
             if codes.numel() % 2:  # pad with the code of 0.0 to fill the last byte
@@ -148,18 +146,14 @@ class Int4Codec(Codec):
         out = torch.empty(numel, dtype=dtype)  # (N,)
         nf = layout.nfull
         if nf:
-            src = packed[: nf * b // 2].view(nf, b // 2)
-            dst = out[: nf * b].view(nf, b)
-            idx = torch.empty(min(nf, max(1, bw.CHUNK_ELEMS // b)) * (b // 2), dtype=torch.int32)
-            tmp = torch.empty(idx.numel(), 2)
-            for r0, r1 in bw.row_chunks(nf, b):
-                n = (r1 - r0) * (b // 2)
-                i, t = idx[:n], tmp[:n]
-                i.copy_(src[r0:r1].view(-1))
-                torch.index_select(self._table, 0, i, out=t)  # (n, 2): both nibbles of each byte
-                vals = t.view(r1 - r0, b)
-                vals.mul_(scales[r0:r1, None])
-                dst[r0:r1].copy_(vals)
+            out_np, bf16 = bw.numpy_view(out[: nf * b])
+            kernels.dequantize_rows(
+                packed[: nf * b // 2].numpy().reshape(nf, b // 2),
+                scales[:nf].numpy(),
+                out_np.reshape(nf, b),
+                table=self._table_np,
+                out_bf16=bf16,
+            )
         if layout.tail:
             tail = self._table.index_select(0, packed[nf * b // 2 :].int()).view(-1)[: layout.tail]
             out[nf * b :].copy_(tail * scales[-1])

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from geotrain.compression import blockwise as bw
+from geotrain.compression import kernels
 from geotrain.compression.base import (
     Buffer,
     Codec,
@@ -70,18 +71,10 @@ class Int8Codec(Codec):
         codes = torch.empty(layout.numel, dtype=torch.int8)  # (N,)
         nf, b = layout.nfull, layout.block
         if nf:
-            src = flat[: nf * b].view(nf, b)
-            dst = codes[: nf * b].view(nf, b)
-            tmp = torch.empty(min(nf, max(1, bw.CHUNK_ELEMS // b)), b, dtype=torch.float32)
-            for r0, r1 in bw.row_chunks(nf, b):
-                t = tmp[: r1 - r0]
-                torch.mul(src[r0:r1], inv[r0:r1, None], out=t)
-                # clamp: a bf16/fp16-rounded scale can put max|x|/s just above 127
-                t.round_().clamp_(-QMAX, QMAX)
-                dst[r0:r1].copy_(t)
+            xn, bf16 = bw.numpy_view(flat[: nf * b])
+            kernels.quantize_rows(xn.reshape(nf, b), bf16, inv[:nf].numpy(), codes[: nf * b].numpy().reshape(nf, b))
         if layout.tail:
-            t = (flat[nf * b :].float() * inv[-1]).round_().clamp_(-QMAX, QMAX)
-            codes[nf * b :].copy_(t)
+            codes[nf * b :].copy_((flat[nf * b :].float() * inv[-1]).round_().clamp_(-QMAX, QMAX))
         meta: dict[str, Any] = {
             "shape": list(x.shape),
             "dtype": dtype_name(x.dtype),
@@ -102,16 +95,10 @@ class Int8Codec(Codec):
         out = torch.empty(numel, dtype=dtype)  # (N,)
         nf = layout.nfull
         if nf:
-            src = codes[: nf * b].view(nf, b)
-            dst = out[: nf * b].view(nf, b)
-            tmp = None if dtype == torch.float32 else torch.empty(min(nf, max(1, bw.CHUNK_ELEMS // b)), b)
-            for r0, r1 in bw.row_chunks(nf, b):
-                # int8 -> fp32 then scale in place while the chunk is still in cache
-                t = dst[r0:r1] if tmp is None else tmp[: r1 - r0]
-                t.copy_(src[r0:r1])
-                t.mul_(scales[r0:r1, None])
-                if tmp is not None:
-                    dst[r0:r1].copy_(t)
+            out_np, bf16 = bw.numpy_view(out[: nf * b])
+            kernels.dequantize_rows(
+                codes[: nf * b].numpy().reshape(nf, b), scales[:nf].numpy(), out_np.reshape(nf, b), out_bf16=bf16
+            )
         if layout.tail:
             out[nf * b :].copy_(codes[nf * b :].float() * scales[-1])
         return out.view(shape)

@@ -254,3 +254,13 @@ def test_compression_ratios_of_the_defaults() -> None:
     assert get_codec("int4").estimate_ratio(n, torch.float32) >= 7.5
     assert get_codec("topk").estimate_ratio(n, torch.float32) >= 100
     assert math.isclose(get_codec("fp16").estimate_ratio(n, torch.float32), 2.0)
+
+
+@pytest.mark.parametrize("spec", ["int8", "int8:scale=fp16", "int8:scale=fp32", "int8:block=64"])
+def test_int8_codes_stay_symmetric(spec: str) -> None:
+    # scales are rounded up, so no code needs clamping and -128 never appears
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(64, 4096, generator=gen) * torch.logspace(-30, 30, 64)[:, None]
+    codes = get_codec(spec).encode(x).buffers[0]
+    assert int(codes.min()) >= -127 and int(codes.max()) <= 127
+    assert int(codes.abs().max()) == 127
