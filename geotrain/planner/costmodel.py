@@ -40,6 +40,11 @@ closed form stays within a few % of it for M >= 16):
 All pipelines take part in every round, so the round waits for the slowest:
 :math:`T = \max_p T_p`.
 
+**Tied embeddings** (``model.tied_param_bytes`` = :math:`E > 0`): when the
+first and last stage are different peers they swap and sum :math:`E` bytes of
+gradients after the schedule, adding :math:`2E/\beta + \rho` (first-last
+link) to :math:`T_p` and :math:`E` bytes each way to the traffic.
+
 **Round**. A *stage group* is the set of peers that hold the same layers in
 every pipeline (one per pipeline). Its pseudo-gradient has
 :math:`N_g = \sum w_l / d` elements and travels as :math:`Z_g = e N_g` bytes.
@@ -177,6 +182,7 @@ class CostModel:
             inp = prof[i - 1].activation_bytes_per_token if i > 0 else 0
             self.saved.append(self.saved[-1] + ACTIVATION_SAVE_FACTOR * inp)
         self.act = [lp.activation_bytes_per_token for lp in prof]
+        self.tied = float(model.tied_param_bytes)
         self.region_of = {p.id: p.region for p in scenario.peers}
         self.flops_of = {p.id: p.flops for p in scenario.peers}
         self.price_of = {p.id: p.usd_per_hour for p in scenario.peers}
@@ -236,6 +242,9 @@ class CostModel:
             for si in range(len(pipe) - 1):
                 if self.sc.link(pipe[si].peer, pipe[si + 1].peer) is None:
                     return f"no link between {pipe[si].peer!r} and {pipe[si + 1].peer!r} (pipeline {pi})"
+            if self.tied and len(pipe) > 1 and self.sc.link(pipe[0].peer, pipe[-1].peer) is None:
+                return (f"tied embeddings: no link between first stage {pipe[0].peer!r} and last stage "
+                        f"{pipe[-1].peer!r} (pipeline {pi})")
         return None
 
     def predict(
@@ -283,6 +292,15 @@ class CostModel:
                     pair_bytes[(ra, rb)] = pair_bytes.get((ra, rb), 0.0) + M * a
                     pair_bytes[(rb, ra)] = pair_bytes.get((rb, ra), 0.0) + M * a
             fill = sum(comp) + sum(hops)
+            if self.tied and last > 0:
+                # tied embeddings: first and last stage swap and sum their gradients after the schedule
+                a_peer, z_peer = pipe[0].peer, pipe[-1].peer
+                ln = sc.link(a_peer, z_peer)
+                assert ln is not None
+                fill += 2.0 * self.tied / ln.bytes_per_s + ln.rtt_s
+                ra, rb = region[a_peer], region[z_peer]
+                for key in ((ra, rb), (rb, ra)):
+                    pair_bytes[key] = pair_bytes.get(key, 0.0) + self.tied
             if hops and M > 1:
                 # latency windows: stages s..e hold e - s + 1 microbatches (at most M) in the loop between them
                 for s0 in range(len(comp) - 1):

@@ -105,10 +105,15 @@ class ModelSpec:
     profile: tuple[LayerProfile, ...]
     seq_len: int
     dtype_bytes: int = 2
+    # gradient bytes of weights shared by the first and last layer (tied embeddings): when they land on
+    # different peers, the two exchange and sum these gradients at the end of every inner step
+    tied_param_bytes: int = 0
 
     def __post_init__(self) -> None:
         if len(self.profile) < 1:
             raise ScenarioError("model.profile must list at least one layer")
+        if self.tied_param_bytes < 0:
+            raise ScenarioError(f"model.tied_param_bytes must be >= 0; got {self.tied_param_bytes}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -261,7 +266,7 @@ def _parse_model(m: Any) -> ModelSpec:
     if not isinstance(m, Mapping):
         raise ScenarioError("model must be an object: {layers, hidden, seq_len, vocab, dtype_bytes} or {profile, seq_len}")
     if "profile" in m:
-        _take(m, "model", {"profile", "seq_len", "dtype_bytes"})
+        _take(m, "model", {"profile", "seq_len", "dtype_bytes", "tied_param_bytes"})
         if not isinstance(m["profile"], list) or not m["profile"]:
             raise ScenarioError("model.profile must be a non-empty list of layer objects")
         layers = []
@@ -272,15 +277,20 @@ def _parse_model(m: Any) -> ModelSpec:
                                        param_bytes=_num(lp, "param_bytes", w, integer=True),
                                        activation_bytes_per_token=_num(lp, "activation_bytes_per_token", w, integer=True)))
         return ModelSpec(profile=tuple(layers), seq_len=_num(m, "seq_len", "model", positive=True, integer=True),
-                         dtype_bytes=_num(m, "dtype_bytes", "model", default=2, positive=True, integer=True))
-    _take(m, "model", {"layers", "hidden", "seq_len", "vocab", "dtype_bytes", "name"})
+                         dtype_bytes=_num(m, "dtype_bytes", "model", default=2, positive=True, integer=True),
+                         tied_param_bytes=_num(m, "tied_param_bytes", "model", default=0, integer=True))
+    _take(m, "model", {"layers", "hidden", "seq_len", "vocab", "dtype_bytes", "name", "tie_embeddings"})
     kw = {k: _num(m, k, "model", positive=True, integer=True) for k in ("layers", "hidden", "seq_len", "vocab")}
     dtype_bytes = _num(m, "dtype_bytes", "model", default=2, positive=True, integer=True)
     try:
         profile = transformer_profile(dtype_bytes=dtype_bytes, **kw)
     except ConfigError as e:
         raise ScenarioError(str(e)) from None
-    return ModelSpec(profile=tuple(profile), seq_len=kw["seq_len"], dtype_bytes=dtype_bytes)
+    tie = m.get("tie_embeddings", False)
+    if not isinstance(tie, bool):
+        raise ScenarioError("model.tie_embeddings must be true or false")
+    tied = kw["vocab"] * kw["hidden"] * dtype_bytes if tie else 0
+    return ModelSpec(profile=tuple(profile), seq_len=kw["seq_len"], dtype_bytes=dtype_bytes, tied_param_bytes=tied)
 
 
 def _parse_job(j: Any) -> Job:

@@ -34,6 +34,8 @@ def column_key(cm: CostModel, grid: Sequence[Sequence[str]]) -> tuple[tuple[floa
     peers = sc._peer
     S = len(grid[0])
     speed, memory, kappa = [], [], []
+    if cm.tied and S > 1 and any(sc.link(row[0], row[-1]) is None for row in grid):
+        return None
     for s in range(S):
         speed.append(min(peers[row[s]].flops for row in grid))
         memory.append(min(peers[row[s]].memory_bytes for row in grid))

@@ -36,6 +36,7 @@ class PipelineTiming:
     hop_rtt_s: tuple[float, ...]
     microbatches: int
     duplex: bool = False
+    tail_s: float = 0.0  # after the schedule, e.g. the tied-embedding gradient exchange of first and last stage
 
     def __post_init__(self) -> None:
         S = len(self.fwd_s)
@@ -120,7 +121,7 @@ def simulate_step(t: PipelineTiming) -> float:
             if 0 <= stage < S:
                 try_start(stage, now)
     assert all(n == len(o) for n, o in zip(nxt, ops, strict=True)), "1F1B schedule deadlocked"
-    return done_at
+    return done_at + t.tail_s
 
 
 def timing_from_plan(cm: object, pipeline: Sequence[object], *, duplex: bool = False) -> PipelineTiming:
@@ -133,6 +134,13 @@ def timing_from_plan(cm: object, pipeline: Sequence[object], *, duplex: bool = F
     links = [cm.sc.link(a.peer, b.peer) for a, b in zip(stages, stages[1:], strict=False)]
     if any(ln is None for ln in links):
         raise ConfigError("a hop of this pipeline has no link")
+    tail = 0.0
+    if cm.tied and len(stages) > 1:
+        ends = cm.sc.link(stages[0].peer, stages[-1].peer)
+        if ends is None:
+            raise ConfigError("tied embeddings need a link between the first and last stage")
+        # both send at once: one way each on a duplex link, both on one shared FIFO otherwise
+        tail = (1.0 if duplex else 2.0) * cm.tied / ends.bytes_per_s + (ends.rtt_s / 2 if duplex else ends.rtt_s)
     return PipelineTiming(
         fwd_s=tuple(c / 3.0 for c in comp),
         bwd_s=tuple(2.0 * c / 3.0 for c in comp),
@@ -142,4 +150,5 @@ def timing_from_plan(cm: object, pipeline: Sequence[object], *, duplex: bool = F
         hop_rtt_s=tuple(ln.rtt_s for ln in links if ln is not None),
         microbatches=cm.M,
         duplex=duplex,
+        tail_s=tail,
     )
