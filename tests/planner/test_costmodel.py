@@ -91,3 +91,17 @@ def test_activation_codec_shrinks_hop_bytes():
                     [[StageAssignment("a", (0, 2)), StageAssignment("b", (2, 4))]])
     # bf16 activations -> int8 + one bf16 scale per 256: 2 / (1 + 2/256) of the bytes
     assert plain.cross_region_bytes_per_step / int8.cross_region_bytes_per_step == pytest.approx(2 / (1 + 2 / 256))
+
+
+def test_tied_embeddings_add_an_end_of_step_exchange():
+    d = scenario([peer("a", "r1", usd=1.0), peer("b", "r2", usd=2.0)], [link("r1", "r2", 0.8, 10.0)],
+                 regions={"r1": 0.0, "r2": 0.0})
+    d["model"]["tied_param_bytes"] = 1_000_000
+    pipes = [[StageAssignment("a", (0, 2)), StageAssignment("b", (2, 4))]]
+    p = evaluate(Scenario.from_dict(d), pipes)
+    # the untied step of test_one_pipeline_two_stages_exact plus 2 x 1e6 B / 1e8 B/s + 10 ms
+    assert p.pipeline_step_s == pytest.approx(0.4 + 0.012 + 3 * 0.206 + 0.03, rel=1e-12)
+    assert p.bytes_per_region_pair == pytest.approx({("r1", "r2"): 4e5 + 1e6, ("r2", "r1"): 4e5 + 1e6})
+    # one stage holds both ends: nothing to exchange
+    single = evaluate(Scenario.from_dict(d), [[StageAssignment("a", (0, 4))]])
+    assert single.cross_region_bytes_per_step == 0
