@@ -78,7 +78,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--codec", default="int8", help="geotrain's cross-region pseudo-gradient codec")
     p.add_argument("--fragments", type=int, default=1, help="geotrain's streaming fragments")
     p.add_argument("--overlap", type=int, default=0, help="geotrain's overlap tau (inner steps)")
-    p.add_argument("--stages", default="auto", help="geotrain's pipeline stages: auto or a number")
+    p.add_argument("--stages", type=int, default=None,
+                   help="geotrain's pipeline stages (default 2 when every region has >= 2 peers, else 1)")
     p.add_argument("--timeout", type=float, default=None, help="seconds allowed per contender")
     p.add_argument("--work-dir", default=None, help="keep snapshots, logs and reports here (default: a temp dir)")
     args = p.parse_args(argv)
@@ -95,8 +96,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.budget_tokens = 3 * 16 * 32 * 25 if smoke else 6 * 16 * 32 * 300
     if args.peers < 2:
         p.error("--peers must be >= 2")
-    if args.stages != "auto":
-        args.stages = int(args.stages)
     return args
 
 
@@ -116,18 +115,29 @@ def load_scenario(path: str | None) -> tuple[dict[str, Any], dict[str, float], d
     return scenario, prices, egress
 
 
-def job_dict(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    """The job every contender trains (contenders 1-3 read model, data, optimizer and batch size from it)."""
+def job_dict(args: argparse.Namespace, work: Path, regions: int) -> dict[str, Any]:
+    """The job every contender trains (contenders 1-3 read model, data, optimizer and batch size from it).
+
+    geotrain gets an explicit pipeline count and stop step so that it trains exactly
+    the budget: a stop by tokens makes the coordinator publish a new plan version,
+    and peers restart from that plan's start step (see the report's caveats).
+    """
+    stages = args.stages or (2 if args.peers % 2 == 0 and args.peers >= 2 * regions else 1)
+    pipelines = args.peers // stages
+    from geotrain.models import GPTConfig
+
+    batch, seq_len = 4 * 4, GPTConfig.preset(args.preset).seq_len
+    steps = max(1, args.budget_tokens // (pipelines * batch * seq_len))
     return {
         "job": {"name": "e2e", "seed": 0},
         "model": {"preset": args.preset},
         "data": {"source": "stdlib", "max_bytes": 2 << 20},
-        "pipeline": {"stages": args.stages, "pipelines": "auto", "micro_batch_size": 4, "microbatches": 4,
+        "pipeline": {"stages": stages, "pipelines": pipelines, "micro_batch_size": 4, "microbatches": 4,
                      "schedule": "1f1b"},
         "optimizer": {"lr": 3e-3},
         "sync": {"every": args.every, "codec": args.codec, "fragments": args.fragments, "overlap": args.overlap},
         "codecs": {"activation": "fp16", "activation_grad": "fp16"},
-        "stop": {"steps": 10**7, "tokens": args.budget_tokens},
+        "stop": {"steps": steps},
         "checkpoint": {"dir": str(work / "geotrain" / "ckpt"), "every_rounds": 1},
         "swarm": {"min_peers": args.peers, "wait_peers_s": 180.0, "hop_timeout_s": 30.0, "round_timeout_s": 30.0,
                   "heartbeat_s": 2.0},
@@ -158,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     own_dir = args.work_dir is None
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="geotrain-e2e-"))
     work.mkdir(parents=True, exist_ok=True)
-    job = job_dict(args, work)
+    job = job_dict(args, work, len(regions_all))
     spec_job = job_from_dict(job)
     seq_len = spec_job.model.context
     batch = job["pipeline"]["micro_batch_size"] * job["pipeline"]["microbatches"]
@@ -224,12 +234,14 @@ def _worker_spec(name: str, args: argparse.Namespace, job: dict[str, Any], steps
                  regions: list[str], cdir: Path) -> Any:
     from benchmarks.contenders.common import WorkerSpec
 
-    per_epoch = 4  # hivemind: local steps per peer per global step (its large batch)
+    # hivemind: local steps per peer per global step (its large batch); an epoch must last well beyond
+    # matchmaking or peers miss each other's groups, so ~6 epochs per run
+    per_epoch = max(4, steps // 6)
     return WorkerSpec(
         contender=name, job=job, world=args.peers, steps=steps, out_dir=str(cdir / "snapshots"),
         snapshot_every=max(1, steps // 10), timeout_s=args.timeout, every=args.every,
         target_batch_size=args.peers * batch * per_epoch, epochs=max(1, steps // per_epoch),
-        matchmaking_s=1.0 if args.smoke else 2.0, averaging_timeout_s=30.0, run_id=f"e2e{os.getpid()}",
+        matchmaking_s=1.5 if args.smoke else 2.0, averaging_timeout_s=10.0 if args.smoke else 20.0, run_id=f"e2e{os.getpid()}",
         regions={str(i): r for i, r in enumerate(regions)},
     )
 
