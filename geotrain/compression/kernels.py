@@ -110,11 +110,11 @@ def quantize_rows(x: np.ndarray, bf16: bool, inv: np.ndarray, codes: np.ndarray,
             u = np.take(_E2M1_BY_QUARTER, quarter) | sign
         else:
             t += _MAGIC
-            low = t.view(np.int8)[:, ::4]  # (rows, block): the int8 value of round(x * inv)
+            low = t.view(np.int32)  # (rows, block): its low byte is the int8 value of round(x * inv)
             if kind == "int8":
-                codes[r0:r1] = low
+                codes[r0:r1] = low  # int32 -> int8 keeps the low byte (a contiguous cast, not a strided read)
                 return
-            u = low.view(np.uint8) + np.uint8(8)  # 1..15
+            u = low.astype(np.uint8) + np.uint8(8)  # 1..15
         np.bitwise_or(u[:, 0::2] << np.uint8(4), u[:, 1::2], out=codes[r0:r1])
 
     parallel_rows(x.shape[0], x.shape[1], task)
@@ -131,6 +131,9 @@ def dequantize_rows(codes: np.ndarray, scales: np.ndarray, out: np.ndarray, *, t
     block = out.shape[1]
 
     def task(r0: int, r1: int) -> None:
+        if table is None and not out_bf16 and out.dtype == np.float32:
+            np.multiply(codes[r0:r1], scales[r0:r1, None], out=out[r0:r1])  # straight into the output
+            return
         if table is None:
             v = np.multiply(codes[r0:r1], scales[r0:r1, None], dtype=np.float32)
         else:
