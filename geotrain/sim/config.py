@@ -26,6 +26,7 @@ class SimConfig:
     deadline_factor: float = 1.5  # a pipeline slower than this x the median pipeline misses the round
     replan_every_hours: float = 1.0  # at most one replan per period, unless a pipeline cannot be repaired
     replan_s: float = 30.0  # publishing a plan and reconnecting, per replan
+    replan_gain: float = 0.02  # a periodic replan must beat the running plan's score by this fraction
     planner_budget_s: float = 60.0  # wall-clock safety cap of the real planner per replan
     planner_moves: int = 200  # local-search evaluations per replan: bounds its cost, keeps runs deterministic
     exact_pipelines: bool = True  # time pipelines with the event-level 1F1B (else the planner's closed form)
@@ -36,7 +37,7 @@ class SimConfig:
     def __post_init__(self) -> None:
         if not self.hours > 0:
             raise ConfigError(f"sim hours must be > 0; got {self.hours}")
-        for name in ("churn_per_hour", "rejoin_hours", "burst_per_hour", "straggler_sigma", "replan_s"):
+        for name in ("churn_per_hour", "rejoin_hours", "burst_per_hour", "straggler_sigma", "replan_s", "replan_gain"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"sim {name} must be >= 0; got {getattr(self, name)}")
         if not 0 < self.burst_fraction <= 1:

@@ -21,7 +21,8 @@ bursts are events on a heap, applied at their exact times inside a round.
   fitting spare the pipeline is dropped and the job replans.
 - Replans call the real planner (``geotrain.planner.plan``) on the live
   peers, keeping the stage count, at most once per ``replan_every_hours``
-  unless a pipeline could not be repaired; every peer whose layers change
+  unless a pipeline could not be repaired; a periodic replan is adopted only
+  if it beats the running plan by ``replan_gain``; every peer whose layers change
   pulls its new stage's state, and the swarm pauses ``replan_s`` plus the
   slowest transfer.
 - Money: the plan's peers' prices while they are in the plan, plus egress
@@ -143,8 +144,12 @@ class Simulation:
         return best if math.isfinite(best) else 0.0  # no donor left: the stage restarts from the last checkpoint
 
     # -- planning ---------------------------------------------------------------------------------
-    def _replan(self, now: float, reason: str) -> float:
-        """Plan on the live peers with the real planner; returns the pause it costs."""
+    def _replan(self, now: float, reason: str, *, optional: bool = False) -> float:
+        """Plan on the live peers with the real planner; returns the pause it costs.
+
+        ``optional`` (a periodic replan while the current plan still runs) keeps the current plan unless
+        the new one scores ``replan_gain`` better.
+        """
         old = {st.peer: st.layers for pipe in self.pipelines for st in pipe}
         live = [p for p in self.sc.peers if p.id in self.alive]
         self.last_replan = now
@@ -160,6 +165,13 @@ class Simulation:
             self.res.event(now, "replan_failed", reason=str(e))
             self._set_plan([], now)
             return 0.0
+        if optional and self.pred is not None:
+            # a periodic replan is adopted only if it beats the running plan clearly: a new plan pauses
+            # the swarm and moves state
+            obj = self.sc.job.objective
+            if obj.score(result.predicted) >= obj.score(self.pred) - self.cfg.replan_gain * abs(obj.score(self.pred)):
+                self.res.event(now, "replan_skipped", reason=reason)
+                return 0.0
         self.version += 1
         self.res.replans += 1
         self.stages = self.stages or len(result.pipelines[0])
@@ -292,7 +304,7 @@ class Simulation:
         in_plan = sum(len(p) for p in self.pipelines)
         spare_count = len(self.alive) - in_plan
         if spare_count >= (self.stages or 1) and t - self.last_replan >= cfg.replan_every_hours * 3600.0:
-            return t + self._replan(t, f"{spare_count} spares")
+            return t + self._replan(t, f"{spare_count} spares", optional=True)
         return t
 
     def _utilisation(self, i: int, step: float) -> float:
