@@ -55,6 +55,16 @@ def _mark_worker() -> None:
     _local.worker = True
 
 
+def _forget_pool_after_fork() -> None:
+    # a forked child inherits the executor but not its threads: tasks would never run
+    global _pool, _pool_lock
+    _pool = None
+    _pool_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pool_after_fork)
+
+
 def parallel_rows(nrows: int, block: int, task: Callable[[int, int], None]) -> None:
     """Run ``task(r0, r1)`` over row ranges of about CHUNK_ELEMS elements, in parallel when worth it."""
     rows = max(1, CHUNK_ELEMS // block)

@@ -41,3 +41,24 @@ def test_codes_are_the_nearest_grid_point(spec: str, dtype: torch.dtype, monkeyp
     tol = {torch.float32: 1e-5, torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}[dtype] * (want.abs() + 1)
     assert bool((((got - want).abs() <= tol) | ~far).all())
     assert float(far.float().mean()) > 0.99
+
+
+def test_kernels_work_in_a_forked_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    import multiprocessing as mp
+
+    monkeypatch.setattr(kernels, "CHUNK_ELEMS", 4096)  # several tasks: the pool is used
+    codec = get_codec("int8")
+    x = torch.randn(64, 1024)
+    enc = codec.encode(x)  # the parent's pool now exists
+    ctx = mp.get_context("fork")
+    with ctx.Pool(1) as pool:
+        got = pool.apply_async(_roundtrip_in_child, (x.numpy(),)).get(timeout=60)
+    assert torch.equal(torch.from_numpy(got), codec.decode(enc.meta, enc.buffers))
+
+
+def _roundtrip_in_child(x: object) -> object:
+    kernels.CHUNK_ELEMS = 4096
+    codec = get_codec("int8")
+    t = torch.from_numpy(x)
+    enc = codec.encode(t)
+    return codec.decode(enc.meta, enc.buffers).numpy()
