@@ -43,6 +43,7 @@ def test_codes_are_the_nearest_grid_point(spec: str, dtype: torch.dtype, monkeyp
     assert float(far.float().mean()) > 0.99
 
 
+@pytest.mark.multiprocess
 def test_kernels_work_in_a_forked_child(monkeypatch: pytest.MonkeyPatch) -> None:
     import multiprocessing as mp
 
