@@ -277,12 +277,10 @@ def _geotrain(run_geotrain: Any, evaluate_checkpoints: Any, job: dict[str, Any],
                        work_dir=cdir, timeout_s=args.timeout, job_id=f"e2e-{os.getpid()}")
     rep = run.report
     s = rep["summary"]
-    ckpts = list(run.checkpoints)
+    curve = evaluate_checkpoints(spec_job, run.checkpoints, init_loss)
     final = next((v for v in reversed(rep.get("validation", [])) if v.get("source") != "init"), None)
-    if not ckpts and final is not None and final.get("loss") is not None:
-        ckpts = []  # the final model is only known by its loss: add it as a point below
-    curve = evaluate_checkpoints(spec_job, ckpts, init_loss)
     if not run.checkpoints and final is not None and final.get("loss") is not None:
+        # no checkpoints to evaluate: the coordinator's final evaluation is the only point after the seed
         curve.append({"t_s": run.wall_s, "tokens": s["tokens"], "loss": final["loss"]})
     pairs = rep["bytes"]["by_region_pair"]
     self_cross = sum(v for k, v in pairs.items() if k.split("->")[0] != k.split("->")[1]

@@ -1,0 +1,71 @@
+"""Smoke test of ``python -m benchmarks.e2e --smoke``: every contender trains, reports, and is compared.
+
+With root the regions are network namespaces and bytes come from the kernel's
+counters; without root the benchmark runs on loopback (``--netns auto``) and
+the namespace-only assertions are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from benchmarks import e2e
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
+
+
+def _lines(out: str) -> list[dict]:
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def test_e2e_smoke(capsys: pytest.CaptureFixture[str]) -> None:
+    code = e2e.main(["--smoke"])
+    lines = _lines(capsys.readouterr().out)
+    assert code == 0, lines
+    config = lines[0]
+    assert config["event"] == "config"
+    contenders = {ln["name"]: ln for ln in lines if ln["event"] == "contender"}
+    assert set(contenders) == set(e2e.ALL)
+    init = config["init_val_loss"]
+    for name, ln in contenders.items():
+        assert "error" not in ln, (name, ln.get("error"))
+        assert ln["val_loss_final"] < init, (name, ln["val_loss_final"], init)  # every contender trained
+        assert ln["wall_s"] > 0 and ln["checkpoints"] >= 1
+        assert 0 < ln["compute_utilisation"] <= 1
+        assert ln["cross_region_bytes"] is None or ln["cross_region_bytes"] > 0
+        assert ln["usd"]["total"] > 0
+        # the curve is the global model's validation loss over training wall time, starting at the seed
+        assert ln["curve"][0] == [0.0, 0, init]
+        assert all(a[0] <= b[0] for a, b in zip(ln["curve"], ln["curve"][1:], strict=False))
+    ddp = contenders["ddp"]
+    assert ddp["target_loss"] == ddp["val_loss_final"] and ddp["reached_target"]
+    summary = lines[-1]
+    assert summary["event"] == "summary" and summary["target_loss"] == ddp["val_loss_final"]
+    assert set(summary["targets_met"]) == {"speedup_vs_ddp>=10", "speedup_vs_diloco>=1.5",
+                                           "cross_region_bytes_vs_ddp>=1000x", "compute_utilisation>=0.95"}
+    if config["network"] == "netns":
+        for ln in contenders.values():
+            assert ln["bytes_method"] == "kernel"
+            # all regions exchanged bytes during training
+            assert all(v > 0 for v in ln["bytes_by_region_pair"].values()), ln["bytes_by_region_pair"]
+        # DP sends every gradient every step across regions; geotrain only its int8 pseudo-gradients per round
+        assert summary["vs_ddp"]["cross_region_bytes_ratio"] > 2
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="checks the no-root fallback")
+def test_e2e_refuses_netns_without_root() -> None:
+    with pytest.raises(Exception, match="root"):
+        e2e.main(["--smoke", "--netns", "on", "--contenders", "ddp"])
+
+
+def test_time_to_target_interpolates() -> None:
+    from benchmarks.contenders.results import time_to_target
+
+    curve = [{"t_s": 0.0, "loss": 5.0}, {"t_s": 10.0, "loss": 3.0}, {"t_s": 20.0, "loss": 2.0}]
+    assert time_to_target(curve, 2.5) == pytest.approx(15.0)
+    assert time_to_target(curve, 3.0) == pytest.approx(10.0)
+    assert time_to_target(curve, 1.0) is None
+    assert time_to_target(curve, None) is None
