@@ -37,7 +37,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--emulate-bandwidth", action="store_true", help="with --emulate: also shape bandwidth in the transport")
     p.add_argument("--emulate-scale", type=float, default=1.0, help="divide emulated bandwidths by this")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--swarm-key", default=None, metavar="FILE",
+                   help="swarm key (geotrain keygen): admit only members; CURVE-encrypt the data plane")
     p.set_defaults(handler=_run)
+
+
+def load_admission(path: str | None) -> Any:
+    """The swarm-key admission of this process, or None for an open swarm."""
+    if path is None:
+        return None
+    from geotrain.swarm.admission import Admission
+    from geotrain.swarm.keys import load_swarm_key
+
+    return Admission(load_swarm_key(path))
 
 
 def _emit(event: dict[str, Any]) -> None:
@@ -80,8 +92,10 @@ def _run(args: argparse.Namespace) -> int:
     config = SwarmConfig(
         initial_peers=tuple(args.initial_peers), host=args.host, swarm=args.swarm, heartbeat_s=args.heartbeat
     )
-    with Swarm(config, identity=identity) as swarm:
-        transport = Transport(TransportConfig(host=args.host, port=args.port), peer_id=swarm.peer_id,
+    admission = load_admission(args.swarm_key)
+    with Swarm(config, identity=identity, admission=admission) as swarm:
+        curve = admission.curve_config() if admission is not None else None
+        transport = Transport(TransportConfig(host=args.host, port=args.port, curve=curve), peer_id=swarm.peer_id,
                               region=args.region, emulator=emulator).start()
         try:
             agent = PeerAgent(
@@ -104,6 +118,7 @@ def _run(args: argparse.Namespace) -> int:
                 "tflops": record.flops / 1e12,
                 "device": record.device,
                 "emulated": bool(emulator),
+                "admission": admission is not None,
             })
             code = agent.run()
         except GeotrainError as e:

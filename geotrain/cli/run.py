@@ -30,6 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address for the DHT and data plane")
     p.add_argument("--swarm", default="geotrain", help="swarm name (DHT key prefix)")
     p.add_argument("--egress", type=float, default=0.02, metavar="USD_PER_GB", help="egress price between regions")
+    p.add_argument("--swarm-key", default=None, metavar="FILE", help="swarm key of a closed swarm (geotrain keygen)")
     p.add_argument("--resume", default=None, metavar="DIR",
                    help="continue from the newest complete checkpoint in DIR (and keep checkpointing there)")
     p.add_argument("--json", action="store_true", help="JSON lines instead of the live view")
@@ -50,6 +51,7 @@ def run_coordinator(
     stop: threading.Event | None = None,
     job: Any = None,
     resume: str | Path | None = None,
+    swarm_key: str | Path | None = None,
 ) -> dict[str, Any]:
     """Run one job to its end and return the report (used by ``geotrain run`` and ``geotrain demo``)."""
     from geotrain.config import load_job
@@ -65,8 +67,13 @@ def run_coordinator(
     out = Path(report_dir) if report_dir else Path(spec.report.dir) / job_id
     identity = Identity.load_or_create(identity_path) if identity_path else None
     config = SwarmConfig(initial_peers=tuple(initial_peers), host=host, swarm=swarm_name)
-    with Swarm(config, identity=identity) as swarm:
-        transport = Transport(TransportConfig(host=host), peer_id=swarm.peer_id, region="coordinator").start()
+    from geotrain.cli.peer import load_admission
+
+    admission = load_admission(str(swarm_key) if swarm_key else None)
+    with Swarm(config, identity=identity, admission=admission) as swarm:
+        curve = admission.curve_config() if admission is not None else None
+        transport = Transport(TransportConfig(host=host, curve=curve), peer_id=swarm.peer_id,
+                              region="coordinator").start()
         try:
             coord = Coordinator(
                 CoordinatorConfig(job_id=job_id, report_dir=out, resume=resume is not None,
@@ -95,7 +102,7 @@ def _run(args: argparse.Namespace) -> int:
     kwargs: dict[str, Any] = dict(
         initial_peers=args.initial_peers, job_id=args.job_id, identity_path=args.identity,
         report_dir=args.report_dir, host=args.host, swarm_name=args.swarm, egress_usd_per_gb=args.egress, stop=stop,
-        resume=args.resume,
+        resume=args.resume, swarm_key=args.swarm_key,
     )
     if args.json:
         report = run_coordinator(args.job, emit=lambda e: print(json.dumps(e, default=str), flush=True), **kwargs)

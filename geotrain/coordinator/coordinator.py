@@ -103,7 +103,14 @@ class Coordinator:
 
     # -- phases -----------------------------------------------------------------------------------
     def publish_job(self) -> None:
-        rec = JobRecord(job_id=self.config.job_id, spec=self.job.to_dict(), published_at=time.time())
+        adm = self.swarm.admission
+        rec = JobRecord(
+            job_id=self.config.job_id,
+            spec=self.job.to_dict(),
+            published_at=time.time(),
+            curve_public_key=None if adm is None else adm.curve_public_key,
+            admission=None if adm is None else adm.own_proof(self.swarm.peer_id),
+        )
         self.swarm.publish_job(rec)
 
     def wait_for_peers(self) -> dict[str, PeerRecord]:

@@ -90,6 +90,7 @@ class PeerAgent:
         self._job: JobSpec | None = None
         self._job_key: tuple[str, str] | None = None  # (publisher, job id) of the parsed job
         self._status = "idle"
+        self._allowed_seen: dict[bytes, float] = {}  # CURVE key -> last seen in a verified record
         self._job_baseline: Any = None  # transport counters when this peer joined the current job
         self._threads: list[threading.Thread] = []
 
@@ -113,6 +114,7 @@ class PeerAgent:
                 curve_public_key=None
                 if self.transport.config.curve is None
                 else self.transport.config.curve.public_key.decode(),
+                admission=None if self.swarm.admission is None else self.swarm.admission.own_proof(self.peer_id),
                 started_at=started,
                 heartbeat_at=time.time(),
             )
@@ -142,8 +144,23 @@ class PeerAgent:
                 logger.info("probe round failed: %s", e)
             self._stop.wait(min(self.config.probe_every_s, 2.0))
 
+    def _refresh_allow_list(self, peers: dict[str, PeerRecord]) -> None:
+        """With a swarm key: admit exactly the verified members (and coordinators) on the data plane."""
+        if self.swarm.admission is None or self.transport.config.curve is None:
+            return
+        now = time.monotonic()
+        keys = [r.curve_public_key for r in peers.values() if r.curve_public_key]
+        keys += [j.curve_public_key for j in self.swarm.get_jobs().values() if j.curve_public_key]
+        for k in keys:
+            self._allowed_seen[k.encode()] = now
+        # a member missing from one DHT read stays admitted; one gone for a record lifetime does not
+        ttl = self.swarm.config.record_ttl_s
+        self._allowed_seen = {k: t for k, t in self._allowed_seen.items() if now - t <= ttl}
+        self.transport.allow_clients(set(self._allowed_seen))
+
     def _probe_once(self) -> None:
         peers = self.swarm.get_peers()
+        self._refresh_allow_list(peers)
         now = time.time()
         changed = False
         for pid, rec in sorted(peers.items()):
@@ -158,6 +175,8 @@ class PeerAgent:
                 m = measure_link(self.transport, pid, self.config.probe)
             except (TransportError, ConfigError) as e:
                 logger.info("probe of %s failed: %s", pid, e)
+                # start over next time: a refused CURVE handshake (we were not on its allow-list yet) is not retried
+                self.transport.disconnect(pid)
                 continue
             self._links[pid] = LinkMeasurement(bandwidth_bps=m.bandwidth_bps, rtt_s=m.rtt_s, measured_at=m.measured_at)
             self._probed_at[pid] = time.time()

@@ -62,6 +62,7 @@ class PeerRecord(_Record):
     endpoint: Annotated[str, Field(max_length=300)]
     version: Annotated[str, Field(min_length=1, max_length=64)]
     curve_public_key: Annotated[str, Field(min_length=40, max_length=40)] | None = None
+    admission: Annotated[str, Field(min_length=64, max_length=64)] | None = None  # swarm-key proof (hex)
     started_at: Seconds
     heartbeat_at: Seconds
 
@@ -103,6 +104,8 @@ class JobRecord(_Record):
     job_id: Annotated[str, Field(min_length=1, max_length=128)]
     spec: dict[str, JsonValue]
     published_at: Seconds
+    curve_public_key: Annotated[str, Field(min_length=40, max_length=40)] | None = None  # the coordinator's
+    admission: Annotated[str, Field(min_length=64, max_length=64)] | None = None  # swarm-key proof (hex)
 
 
 class PlanRecord(_Record):

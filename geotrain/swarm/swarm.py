@@ -33,6 +33,7 @@ from geotrain.swarm.records import JobRecord, LinkRow, PeerRecord, PlanRecord, P
 from geotrain.swarm.schema import build_validators, dht_key
 
 if TYPE_CHECKING:
+    from geotrain.swarm.admission import Admission
     from geotrain.swarm.dht_process import SwarmDHT
     from geotrain.swarm.heartbeat import Heartbeat
 
@@ -128,8 +129,13 @@ class Swarm:
     ...     peers = swarm.get_peers()        # {peer_id: PeerRecord}, live and valid only
     """
 
-    def __init__(self, config: SwarmConfig, *, identity: Identity | None = None) -> None:
+    def __init__(
+        self, config: SwarmConfig, *, identity: Identity | None = None, admission: Admission | None = None
+    ) -> None:
         self.config = config
+        #: with a swarm key: records of owners without a valid admission proof are ignored
+        self.admission = admission
+        self._members: set[str] = set()
         self.identity = identity if identity is not None else Identity.ephemeral()
         self._dht: SwarmDHT | None = None
         self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
@@ -285,15 +291,34 @@ class Swarm:
 
     # -- reading ---------------------------------------------------------------------------------
     def get_peers(self) -> dict[str, PeerRecord]:
-        """Live peer records by peer id (a record naming another peer than its signer is dropped)."""
-        return self._get("peers", PeerRecord, owner_field="peer_id")
+        """Live peer records by peer id (a record naming another peer than its signer is dropped).
+
+        With a swarm key, only members with a valid admission proof are returned.
+        """
+        peers = self._get("peers", PeerRecord, owner_field="peer_id")
+        if self.admission is not None:
+            adm = self.admission
+            peers = {p: r for p, r in peers.items() if adm.verify(p, r.curve_public_key, r.admission)}
+            self._members = set(peers)
+        return peers
 
     def get_links(self) -> dict[str, LinkRow]:
-        return self._get("links", LinkRow, owner_field="src")
+        return self._members_only(self._get("links", LinkRow, owner_field="src"))
 
     def get_jobs(self) -> dict[str, JobRecord]:
-        """Live jobs by the peer id of the coordinator that published them."""
-        return self._get("job", JobRecord)
+        """Live jobs by the peer id of the coordinator that published them (verified, with a swarm key)."""
+        jobs = self._get("job", JobRecord)
+        if self.admission is not None:
+            adm = self.admission
+            jobs = {o: j for o, j in jobs.items() if adm.verify(o, j.curve_public_key, j.admission)}
+        return jobs
+
+    def _members_only(self, records: dict[str, R]) -> dict[str, R]:
+        if self.admission is None:
+            return records
+        if not self._members:
+            self.get_peers()
+        return {o: r for o, r in records.items() if o in self._members}
 
     def get_plans(self) -> dict[str, PlanRecord]:
         """Live plans by publisher peer id."""
@@ -309,7 +334,7 @@ class Swarm:
         return max(plans, key=lambda p: p.version, default=None)
 
     def get_progress(self) -> dict[str, ProgressRecord]:
-        return self._get("progress", ProgressRecord, owner_field="peer_id")
+        return self._members_only(self._get("progress", ProgressRecord, owner_field="peer_id"))
 
     # -- internals -------------------------------------------------------------------------------
     def _require(self) -> SwarmDHT:

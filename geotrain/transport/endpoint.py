@@ -97,8 +97,16 @@ class _Inbound:
 class _Remote:
     address: str
     region: str
+    server_key: bytes | None = None
     socket: zmq.Socket[Any] | None = None
+    monitor: zmq.Socket[Any] | None = None  # CURVE only: tells us when a handshake was refused
+    redial_s: float = 0.5  # backoff before dialing again after a refused handshake
     pending: collections.deque[_Outgoing] = field(default_factory=collections.deque)
+
+
+_HANDSHAKE_FAILED = (
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
 
 
 class Transport:
@@ -141,6 +149,7 @@ class Transport:
         self._address: str | None = None
         self._start_error: BaseException | None = None
         self._auth: Any = None
+        self._allowed: set[bytes] = set()  # CURVE clients the ZAP handler admits
         self._inbox: zmq.Socket[Any] | None = None  # owned by the I/O thread
         self._thread = threading.Thread(target=self._loop, name=f"gt-transport-{peer_id[:8]}", daemon=True)
 
@@ -215,6 +224,11 @@ class Transport:
                 kept = collections.deque(m for m in self._mail[key] if self._fresh(m.header))
                 self._mail_bytes -= sum(m.nbytes for m in self._mail[key]) - sum(m.nbytes for m in kept)
                 self._mail[key] = kept
+
+    def allow_clients(self, keys: set[bytes] | frozenset[bytes]) -> None:
+        """Replace the CURVE allow-list (z85 public keys of the swarm's verified members)."""
+        self._allowed.clear()
+        self._allowed.update(keys)
 
     def serve(self, kind: str, handler: Handler) -> None:
         """Answer requests of ``kind``; the handler runs in a worker thread and returns the reply (or None)."""
@@ -393,13 +407,15 @@ class Transport:
 
         curve = self.config.curve
         assert curve is not None
-        allowed = set(curve.allowed_clients)
+        self._allowed.update(curve.allowed_clients)
+        allowed = self._allowed
+        count = self._count_drop
 
         class _Keys:
             def callback(self, domain: str, key: bytes) -> bool:
                 ok = key in allowed
                 if not ok:
-                    logger.warning("refused a CURVE client not on the allow-list")
+                    count("AuthenticationError", "?", "a CURVE client not on the allow-list was refused")
                 return ok
 
         self._auth = ThreadAuthenticator(self._ctx)
@@ -419,6 +435,36 @@ class Transport:
         self._address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._inbox = sock
         return sock
+
+    def _dial(self, peer: str, remote: _Remote, poller: zmq.Poller, by_socket: dict[Any, str]) -> bool:
+        """(Re)open the outbox of ``remote``; with CURVE, watch its handshake. False if it cannot be opened."""
+        self._hang_up(remote, poller, by_socket)
+        try:
+            remote.socket = self._open_outbox(remote, remote.server_key)
+        except (zmq.ZMQError, AuthenticationError) as e:
+            logger.warning("cannot connect to %s at %s: %s", peer, remote.address, e)
+            return False
+        by_socket[remote.socket] = peer
+        poller.register(remote.socket, zmq.POLLIN)
+        if self.config.curve is not None:
+            # libzmq does not dial again after a refused CURVE handshake (we may not have been on the
+            # peer's allow-list yet): watch for it and redial with backoff
+            remote.monitor = remote.socket.get_monitor_socket(_HANDSHAKE_FAILED)
+            by_socket[remote.monitor] = peer
+            poller.register(remote.monitor, zmq.POLLIN)
+        return True
+
+    @staticmethod
+    def _hang_up(remote: _Remote, poller: zmq.Poller, by_socket: dict[Any, str]) -> None:
+        if remote.monitor is not None and remote.socket is not None:
+            remote.socket.disable_monitor()
+        for attr in ("monitor", "socket"):
+            sock = getattr(remote, attr)
+            if sock is not None:
+                poller.unregister(sock)
+                by_socket.pop(sock, None)
+                sock.close(linger=0)
+                setattr(remote, attr, None)
 
     def _open_outbox(self, remote: _Remote, curve_server_key: bytes | None) -> zmq.Socket[Any]:
         sock = self._ctx.socket(zmq.DEALER)
@@ -449,6 +495,7 @@ class Transport:
         poller.register(wake, zmq.POLLIN)
         by_socket: dict[zmq.Socket[Any], str] = {}
         timers: list[tuple[float, int, str]] = []  # (ready_at, seq, peer) for held (emulated) sends
+        redials: dict[str, float] = {}  # peer -> when to dial again after a refused handshake
         seq = itertools.count()
         running = True
         try:
@@ -457,13 +504,24 @@ class Transport:
                 timeout_ms = 1000.0
                 if timers:
                     timeout_ms = max(0.0, (timers[0][0] - now) * 1000)
-                for sock, flags in poller.poll(timeout_ms):
+                if redials:
+                    timeout_ms = min(timeout_ms, max(0.0, (min(redials.values()) - now) * 1000))
+                for sock, flags in poller.poll(int(timeout_ms)):
                     if sock is wake:
                         while wake.poll(0):
                             wake.recv()
                         running = self._run_commands(poller, by_socket, timers, seq)
                     elif sock is inbox:
                         self._receive(sock, routed=True)
+                    elif (peer := by_socket.get(sock)) is not None and sock is getattr(self._remotes.get(peer), "monitor", None):
+                        from zmq.utils.monitor import recv_monitor_message
+
+                        event = recv_monitor_message(sock)
+                        remote = self._remotes[peer]
+                        logger.info("handshake with %s refused (event %s); dialing again in %.1fs",
+                                    peer, event.get("event"), remote.redial_s)
+                        redials[peer] = time.monotonic() + remote.redial_s
+                        remote.redial_s = min(remote.redial_s * 2, 8.0)
                     else:
                         if flags & zmq.POLLIN:
                             self._receive(sock, routed=False)
@@ -472,12 +530,16 @@ class Transport:
                 while timers and timers[0][0] <= time.monotonic():
                     _, _, peer = heapq.heappop(timers)
                     self._flush(peer, poller, timers, seq)
+                for peer in [p for p, t in redials.items() if t <= time.monotonic()]:
+                    del redials[peer]
+                    remote = self._remotes.get(peer)
+                    if remote is not None and self._dial(peer, remote, poller, by_socket):
+                        self._flush(peer, poller, timers, seq)
         finally:
             for remote in self._remotes.values():
                 for out in remote.pending:
                     _fail(out.future, TransportError("transport closed"))
-                if remote.socket is not None:
-                    remote.socket.close()
+                self._hang_up(remote, poller, by_socket)
             inbox.close()
             wake.close()
 
@@ -493,31 +555,21 @@ class Transport:
             if op == "connect":
                 _, peer, address, region, server_key = cmd
                 remote = self._remotes.get(peer)
-                if remote is not None and remote.address == address and remote.socket is not None:
+                if (remote is not None and remote.address == address and remote.socket is not None
+                        and remote.server_key == server_key):
                     remote.region = region or remote.region
                     continue
-                if remote is not None and remote.socket is not None:
-                    poller.unregister(remote.socket)
-                    by_socket.pop(remote.socket, None)
-                    remote.socket.close(linger=0)
+                if remote is not None:
+                    self._hang_up(remote, poller, by_socket)
                 pending = remote.pending if remote is not None else collections.deque()
-                remote = _Remote(address=address, region=region, pending=pending)
-                try:
-                    remote.socket = self._open_outbox(remote, server_key)
-                except (zmq.ZMQError, AuthenticationError) as e:
-                    logger.warning("cannot connect to %s at %s: %s", peer, address, e)
-                    self._remotes[peer] = remote
-                    continue
+                remote = _Remote(address=address, region=region, server_key=server_key, pending=pending)
                 self._remotes[peer] = remote
-                by_socket[remote.socket] = peer
-                poller.register(remote.socket, zmq.POLLIN)
-                self._flush(peer, poller, timers, seq)
+                if self._dial(peer, remote, poller, by_socket):
+                    self._flush(peer, poller, timers, seq)
             elif op == "disconnect":
                 remote = self._remotes.pop(cmd[1], None)
-                if remote is not None and remote.socket is not None:
-                    poller.unregister(remote.socket)
-                    by_socket.pop(remote.socket, None)
-                    remote.socket.close(linger=0)
+                if remote is not None:
+                    self._hang_up(remote, poller, by_socket)
                     for out in remote.pending:
                         _fail(out.future, TransportError(f"disconnected from {cmd[1]}"))
             elif op == "send":
