@@ -6,7 +6,8 @@ comparing ours with the genetic baseline (measured in the same run) and a
 final line with the issue's targets:
 
 - ours <= the genetic baseline's cost (objective value) on DT-FM's five cases,
-  in <= 1/20 of its time;
+  in <= 1/20 of its time (compared in CPU seconds: wall time on a shared
+  machine mostly measures the neighbours; both are printed);
 - 64 peers planned in < 15 s, 1,000 peers in < 60 s;
 - on the heterogeneous-price scenario the cost objective cuts USD per 1M
   tokens >= 30% against the throughput objective at <= 10% fewer tokens/s.
@@ -31,8 +32,9 @@ def _emit(rec: dict[str, Any]) -> None:
     print(json.dumps(rec), flush=True)
 
 
-def _line(scenario: str, who: str, objective: str, pred: Any, solve_s: float, n: int) -> dict[str, Any]:
-    rec: dict[str, Any] = {"scenario": scenario, "peers": n, "plan": who, "objective": objective, "solve_s": round(solve_s, 4)}
+def _line(scenario: str, who: str, objective: str, pred: Any, solve_s: float, n: int, cpu_s: float) -> dict[str, Any]:
+    rec: dict[str, Any] = {"scenario": scenario, "peers": n, "plan": who, "objective": objective,
+                           "solve_s": round(solve_s, 4), "cpu_s": round(cpu_s, 4)}
     if pred is None:
         rec["feasible"] = False
         return rec
@@ -54,16 +56,17 @@ def run_one(name: str, d: dict[str, Any], objective: str, args: argparse.Namespa
     ga = GeneticConfig(time_budget_s=args.ga_budget, generations=args.ga_generations)
     res = plan(sc, objective=objective, seed=args.seed, time_budget_s=args.time_budget, baselines=baselines, genetic=ga)
     n = len(sc.peers)
-    _emit(_line(name, "ours", objective, res.predicted, res.solve_s, n) | {
+    _emit(_line(name, "ours", objective, res.predicted, res.solve_s, n, res.solve_cpu_s) | {
         "method": res.method, "pipelines": len(res.pipelines), "stages": len(res.pipelines[0]), "spares": len(res.spares)})
     for who, pred in res.baselines.items():
-        _emit(_line(name, who, objective, pred, res.baseline_solve_s[who], n))
+        _emit(_line(name, who, objective, pred, res.baseline_solve_s[who], n, res.baseline_cpu_s[who]))
     if baselines:
         ga_pred = res.baselines["genetic"]
         ours_v, ga_v = _value(objective, res.predicted), _value(objective, ga_pred)
         _emit({"scenario": name, "summary": True, "objective": objective,
                "ours_over_genetic_cost": round(ours_v / ga_v, 4) if math.isfinite(ga_v) else None,
                "ours_over_genetic_time": round(res.solve_s / max(res.baseline_solve_s["genetic"], 1e-9), 4),
+               "ours_over_genetic_cpu": round(res.solve_cpu_s / max(res.baseline_cpu_s["genetic"], 1e-9), 4),
                "ours_over_greedy_region_cost": round(ours_v / _value(objective, res.baselines["greedy_region"]), 4),
                "ours_over_random_cost": round(ours_v / _value(objective, res.baselines["random"]), 4)})
     return res
@@ -80,13 +83,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
 
-    ok_cost, ok_time, worst_64 = True, True, 0.0
+    ok_cost, ok_time, worst_64, worst_64_cpu = True, True, 0.0, 0.0
     for case in range(1, 6):
         res = run_one(f"dtfm_case{case}", dtfm_scenario(case, args.gpus), "throughput", args)
         ga = res.baselines["genetic"]
         ok_cost &= _value("throughput", res.predicted) <= _value("throughput", ga) * (1 + 1e-9)
-        ok_time &= res.solve_s * 20 <= res.baseline_solve_s["genetic"]
+        ok_time &= res.solve_cpu_s * 20 <= res.baseline_cpu_s["genetic"]
         worst_64 = max(worst_64, res.solve_s)
+        worst_64_cpu = max(worst_64_cpu, res.solve_cpu_s)
 
     hetero = heterogeneous_price(spot_per_region=args.hetero, top_up=max(1, args.hetero // 3))
     fast = run_one("heterogeneous_price", hetero, "throughput", args)
@@ -96,15 +100,18 @@ def main(argv: list[str] | None = None) -> int:
     _emit({"scenario": "heterogeneous_price", "summary": True, "cost_vs_throughput_usd_per_mtok_cut": round(cut, 4),
            "cost_vs_throughput_tokens_per_s_loss": round(slower, 4)})
 
-    large_s = None
+    large_s = large_cpu = None
     if args.large:
-        large_s = run_one(f"large_{args.large}", large_swarm(args.large), "throughput", args).solve_s
+        big = run_one(f"large_{args.large}", large_swarm(args.large), "throughput", args)
+        large_s, large_cpu = big.solve_s, big.solve_cpu_s
 
     _emit({"targets": True,
            "dtfm_ours_cost_le_genetic": ok_cost,
-           "dtfm_ours_time_le_genetic_over_20": ok_time,
-           "dtfm_worst_solve_s": round(worst_64, 3), "dtfm_under_15s": worst_64 < 15,
+           "dtfm_ours_cpu_le_genetic_over_20": ok_time,
+           "dtfm_worst_solve_s": round(worst_64, 3), "dtfm_worst_cpu_s": round(worst_64_cpu, 3),
+           "dtfm_under_15s": worst_64 < 15,
            "large_solve_s": None if large_s is None else round(large_s, 3),
+           "large_cpu_s": None if large_cpu is None else round(large_cpu, 3),
            "large_under_60s": None if large_s is None else large_s < 60,
            "hetero_cut_ge_30pct": cut >= 0.30, "hetero_loss_le_10pct": slower <= 0.10})
     return 0

@@ -38,6 +38,8 @@ class PlanResult:
     objective: Objective
     method: str  # "exact" or "heuristic"
     baseline_solve_s: dict[str, float] = field(default_factory=dict)
+    solve_cpu_s: float = 0.0  # CPU seconds of this process (wall time misleads on a shared machine)
+    baseline_cpu_s: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The ``geotrain plan --json`` object (shape fixed by issue 4)."""
@@ -126,7 +128,7 @@ def plan(
     obj = scenario.job.objective if objective is None else Objective.parse(objective)
     if obj != scenario.job.objective:
         scenario = dataclasses.replace(scenario, job=dataclasses.replace(scenario.job, objective=obj))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     cm = CostModel(scenario)
     _diagnose(scenario, cm)
     ids = sorted(p.id for p in scenario.peers)
@@ -135,7 +137,7 @@ def plan(
         method, best = "exact", exhaustive(score, ids)
     else:
         method, best = "heuristic", heuristic(score, ids, seed=seed, time_budget_s=time_budget_s, moves=moves)
-    solve_s = time.perf_counter() - t0
+    solve_s, solve_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     if best is None:
         raise InfeasiblePlanError(f"no feasible plan: {score.last_reason}")
     if obj.violation(best.prediction) > 0:
@@ -150,10 +152,11 @@ def plan(
     used = {q for row in best.grid for q in row}
     base: dict[str, Prediction | None] = {}
     base_s: dict[str, float] = {}
+    base_cpu: dict[str, float] = {}
     if baselines:
         S, P = len(best.grid[0]), len(best.grid)
         for name in BASELINES:
-            t1 = time.perf_counter()
+            t1, c1 = time.perf_counter(), time.process_time()
             c: Candidate | None
             if name == "random":
                 c = bl.random_baseline(score, ids, S, P, seed=seed)
@@ -164,6 +167,7 @@ def plan(
             else:
                 c = bl.genetic(score, ids, S, P, seed=seed, config=genetic)
             base_s[name] = time.perf_counter() - t1
+            base_cpu[name] = time.process_time() - c1
             base[name] = None if c is None else c.prediction
     return PlanResult(
         pipelines=best.pipelines,
@@ -174,4 +178,6 @@ def plan(
         objective=obj,
         method=method,
         baseline_solve_s=base_s,
+        solve_cpu_s=solve_cpu_s,
+        baseline_cpu_s=base_cpu,
     )

@@ -276,18 +276,28 @@ def _orders(cm: CostModel, objective: Objective, peer_ids: Sequence[str]) -> lis
 
 def _refine_pipelines(score: Scorer, found: list[Candidate], order: Sequence[str], n: int,
                       keep: int) -> list[Candidate]:
-    """Hill-climb the pipeline count of the best shapes one step at a time (the scan used a ladder)."""
+    """Refine the pipeline count of the best shapes between the ladder's rungs (the scan skipped them).
+
+    Pattern search: try P +/- step, move while it improves, halve the step; O(log gap) evaluations.
+    """
     out = []
     for c in found[:keep]:
         S, P = len(c.grid[0]), len(c.grid)
-        best = c
-        for step in (1, -1):
-            q = P + step
-            while 1 <= q <= n // S:
-                alt = score(pack(score.cm, order[:S * q], S, q))
-                if alt is None or alt.score >= best.score:
-                    break
-                best, q = alt, q + step
+        top = n // S
+        best, step = c, max(1, top // 20)
+        while True:
+            moved = False
+            for q in (P + step, P - step):
+                if 1 <= q <= top:
+                    alt = score(pack(score.cm, order[:S * q], S, q))
+                    if alt is not None and alt.score < best.score:
+                        best, P, moved = alt, q, True
+                        break
+            if moved:
+                continue
+            if step == 1:
+                break
+            step //= 2
         out.append(best)
     return out
 
@@ -303,8 +313,8 @@ def heuristic(score: Scorer, peer_ids: Sequence[str], *, seed: int = 0, time_bud
     memory, and each strong region first); on large swarms the scan uses the
     first order only and the others are tried on the best shapes. Small
     swarms then get iterated local search (kicks of two random swaps) on
-    their best few shapes. ``moves`` caps the evaluations of each local search
-    (default 3,000 on small swarms, 1,500 on large ones); the result depends
+    their best few shapes. ``moves`` caps the local searches' evaluations in
+    all (default 3,000 per shape on small swarms, 1,500 on large ones); the result depends
     on the wall clock only when ``time_budget_s`` runs out first.
     """
     cm = score.cm
@@ -358,7 +368,8 @@ def heuristic(score: Scorer, peer_ids: Sequence[str], *, seed: int = 0, time_bud
             if alt is not None and alt.score < c.score:
                 c = alt
         top.append(c)
-    budget = moves if moves is not None else (3000 if small else 1500)
+    # ``moves`` is the whole local-search budget, shared by the kept shapes
+    budget = max(1, moves // len(top)) if moves is not None else (3000 if small else 1500)
     results = []
     for rank, c in enumerate(top):
         c = local_search(score, c, peer_ids, budget=budget, rng=rng, deadline=deadline)
