@@ -107,14 +107,22 @@ def clean(data: TokenDataset) -> float:
     return float(out["loss"])
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "aggregation", ["centered_clip", pytest.param("trimmed_mean", marks=pytest.mark.slow)]
+)
 @pytest.mark.parametrize("attack", ATTACKS)
-def test_robust_aggregation_holds_and_plain_mean_is_damaged(data: TokenDataset, clean: float, attack: str) -> None:
-    results = {agg: train(data, agg, attack) for agg in ("trimmed_mean", "centered_clip", "mean")}
-    for agg, r in results.items():
-        assert r["committed"] == SETUP.steps // 10 and r["identical"], (agg, r)
-    summary = {agg: round(r["loss"], 4) for agg, r in results.items()} | {"clean": round(clean, 4)}
-    for agg in ("trimmed_mean", "centered_clip"):
-        assert results[agg]["loss"] <= 1.05 * clean, summary
-    damaged = results["mean"]["loss"]
-    assert not math.isfinite(damaged) or damaged > 1.05 * clean, summary
+def test_robust_aggregation_keeps_the_loss_within_5_percent(
+    data: TokenDataset, clean: float, attack: str, aggregation: str
+) -> None:
+    r = train(data, aggregation, attack)
+    assert r["committed"] == SETUP.steps // 10 and r["identical"], r
+    assert r["loss"] <= 1.05 * clean, {"attacked": r["loss"], "clean": clean}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("attack", ATTACKS)
+def test_plain_mean_shows_the_damage(data: TokenDataset, clean: float, attack: str) -> None:
+    r = train(data, "mean", attack)
+    assert r["committed"] == SETUP.steps // 10 and r["identical"], r  # the attack is not a crash: it is silent
+    assert not math.isfinite(r["loss"]) or r["loss"] > 1.05 * clean, {"attacked": r["loss"], "clean": clean}
