@@ -23,6 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import torch
 
 __all__ = ["CHUNK_ELEMS", "absmax_rows", "dequantize_rows", "parallel_rows", "quantize_rows"]
 
@@ -66,16 +67,34 @@ os.register_at_fork(after_in_child=_forget_pool_after_fork)
 
 
 def parallel_rows(nrows: int, block: int, task: Callable[[int, int], None]) -> None:
-    """Run ``task(r0, r1)`` over row ranges of about CHUNK_ELEMS elements, in parallel when worth it."""
+    """Run ``task(r0, r1)`` over row ranges of about CHUNK_ELEMS elements.
+
+    At most ``torch.get_num_threads()`` ranges run at once (the caller's thread
+    is one of them), so the process-wide thread budget is respected.
+    """
     rows = max(1, CHUNK_ELEMS // block)
-    ranges = [(r0, min(nrows, r0 + rows)) for r0 in range(0, nrows, rows)]
-    # inline when there is one chunk, or when called from a pool worker (never wait on ourselves)
-    if len(ranges) <= 1 or getattr(_local, "worker", False):
-        for r0, r1 in ranges:
-            task(r0, r1)
+    ranges = iter([(r0, min(nrows, r0 + rows)) for r0 in range(0, nrows, rows)])
+    nworkers = min(-(-nrows // rows), torch.get_num_threads(), _workers())
+    lock = threading.Lock()
+
+    def drain() -> None:
+        while True:
+            with lock:
+                r = next(ranges, None)
+            if r is None:
+                return
+            task(*r)
+
+    # inline when one thread suffices, or when called from a pool worker (never wait on ourselves)
+    if nworkers <= 1 or getattr(_local, "worker", False):
+        drain()
         return
-    for future in [_get_pool().submit(task, r0, r1) for r0, r1 in ranges]:
-        future.result()
+    helpers = [_get_pool().submit(drain) for _ in range(nworkers - 1)]
+    try:
+        drain()
+    finally:  # the helpers write into the caller's arrays: wait for them even if we failed
+        for future in helpers:
+            future.result()
 
 
 def as_f32(chunk: np.ndarray, bf16: bool) -> np.ndarray:
