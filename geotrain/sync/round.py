@@ -213,9 +213,8 @@ class RoundRunner:
         """Messages of ``kind``/``tag`` from ``expected`` senders (one each) until all came or ``deadline``."""
         got: dict[str, Message] = {}
         while expected - got.keys():
-            left = deadline - self.clock()
-            if left <= 0:
-                break
+            # past the deadline (this process was frozen or starved): still take what already arrived
+            left = max(0.0, deadline - self.clock())
             try:
                 msg = self.transport.recv(kind, tag, timeout=left)
             except PeerTimeoutError:
@@ -258,9 +257,12 @@ class RoundRunner:
         order = [roles.coordinator] + [m for m in roles.leaders.values()] + list(roles.all_members)
         peers = list(dict.fromkeys(m.peer_id for m in order if m.peer_id != self.me))
         meta = {"group": self.config.group, "fragment": round_id.fragment, "number": round_id.number}
-        while self.clock() < until:
+        passes = 0
+        while passes == 0 or self.clock() < until:
+            passes += 1
             for peer in peers:
-                left = until - self.clock()
+                # a member that wakes up past ``until`` (frozen, starved) still asks everyone once, briefly
+                left = max(until - self.clock(), 0.5 if passes == 1 else 0.0)
                 if left <= 0:
                     break
                 try:

@@ -1,0 +1,66 @@
+"""Item 2: a stage-group member SIGSTOPped past the round deadline, then SIGCONT.
+
+Four member processes (three in ``eu``, one in ``us``) run rounds back to back.
+A plain member (neither leader nor coordinator in rounds 2 and 3) is frozen as
+round 2 starts and thawed only once the others have finished round 3. The
+survivors must not wait for it past the deadline; when it wakes it must not
+apply anything of its own old round, but learn the rounds it slept through
+from the others, so every member ends each round with the same global
+weights (sha256 of the global vector), the frozen one included.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from geotrain.sync import Member, RoundId, RoundRoles
+from geotrain.testing.procs import ChildGroup
+from geotrain.transport import Message, Transport, TransportConfig
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]
+
+FLOOR = 2.0  # round deadline D; a round ends by 2 D
+
+
+def test_member_frozen_past_the_deadline_catches_up_without_diverging(children: ChildGroup) -> None:
+    spec = [("p0", "eu"), ("p1", "eu"), ("p2", "eu"), ("p3", "us")]
+    procs = {
+        pid: children.start(pid, ["--peer-id", pid, "--region", region, "--floor", str(FLOOR), "--rounds", "3"],
+                            module="tests.sync.member_proc")
+        for pid, region in spec
+    }
+    members = [Member(pid, region, procs[pid].wait_event("ready", 60)["address"]) for pid, region in spec]
+    busy = set()
+    for number in (2, 3):
+        roles = RoundRoles.build(members, RoundId(0, number), hierarchical=True)
+        busy |= {m.peer_id for m in roles.leaders.values()} | {roles.coordinator.peer_id}
+    victim = sorted({pid for pid, _ in spec} - busy)[0]
+    survivors = [pid for pid, _ in spec if pid != victim]
+    with Transport(TransportConfig(), peer_id="test", region="ctl").start() as ctl:
+        for m in members:
+            ctl.connect(m.peer_id, m.address)
+            ctl.send(m.peer_id, Message("test.members", meta={"members": [[x.peer_id, x.region, x.address] for x in members]}),
+                     timeout=10)
+        procs[victim].wait_event("round_start", 60)
+        first = procs[victim].wait_event("round", 60)
+        procs[victim].wait_event("round_start", 60)  # round 2 has begun here
+        procs[victim].signal(signal.SIGSTOP)
+        try:
+            rounds = {pid: [procs[pid].wait_event("round", 60) for _ in range(3)] for pid in survivors}
+            for pid in survivors:
+                procs[pid].wait_event("done", 60)
+        finally:
+            procs[victim].signal(signal.SIGCONT)
+        rounds[victim] = [first] + [procs[victim].wait_event("round", 60) for _ in range(2)]
+        for pid in [*survivors, victim]:
+            ctl.send(pid, Message("test.stop"), timeout=10)
+    # the survivors did not wait for the frozen member beyond the round's own 2 D bound
+    assert all(rounds[pid][1]["seconds"] < 2 * FLOOR + 2.0 for pid in survivors), {p: rounds[p][1] for p in survivors}
+    assert all(rounds[pid][1]["committed"] and rounds[pid][2]["committed"] for pid in survivors)
+    assert all(victim not in rounds[pid][2]["contributors"] for pid in survivors)  # it was asleep
+    # nobody diverged: the frozen member holds the same global weights after each round
+    for r in range(3):
+        shas = {pid: rounds[pid][r]["global_sha"] for pid in rounds}
+        assert len(set(shas.values())) == 1, (r, shas, rounds[victim])
