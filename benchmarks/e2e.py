@@ -93,7 +93,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.every = args.every or (5 if smoke else 10)
     args.timeout = args.timeout or (100.0 if smoke else 420.0)
     if args.budget_tokens is None:
-        args.budget_tokens = 3 * 16 * 32 * 25 if smoke else 6 * 16 * 32 * 300
+        args.budget_tokens = 3 * 16 * 32 * 15 if smoke else 6 * 16 * 32 * 300
     if args.peers < 2:
         p.error("--peers must be >= 2")
     return args
@@ -141,7 +141,7 @@ def job_dict(args: argparse.Namespace, work: Path, regions: int) -> dict[str, An
         "checkpoint": {"dir": str(work / "geotrain" / "ckpt"), "every_rounds": 1},
         "swarm": {"min_peers": args.peers, "wait_peers_s": 180.0, "hop_timeout_s": 30.0, "round_timeout_s": 30.0,
                   "heartbeat_s": 2.0},
-        "report": {"dir": str(work / "geotrain"), "eval_batches": 8},
+        "report": {"dir": str(work / "geotrain"), "eval_batches": 4 if args.smoke else 8},
     }
 
 
@@ -235,11 +235,11 @@ def _worker_spec(name: str, args: argparse.Namespace, job: dict[str, Any], steps
     from benchmarks.contenders.common import WorkerSpec
 
     # hivemind: local steps per peer per global step (its large batch); an epoch must last well beyond
-    # matchmaking or peers miss each other's groups, so ~6 epochs per run
-    per_epoch = max(4, steps // 6)
+    # matchmaking or peers miss each other's groups, so ~6 epochs per run (3 in smoke mode)
+    per_epoch = max(4, steps // (3 if args.smoke else 6))
     return WorkerSpec(
         contender=name, job=job, world=args.peers, steps=steps, out_dir=str(cdir / "snapshots"),
-        snapshot_every=max(1, steps // 10), timeout_s=args.timeout, every=args.every,
+        snapshot_every=max(1, steps // (5 if args.smoke else 10)), timeout_s=args.timeout, every=args.every,
         target_batch_size=args.peers * batch * per_epoch, epochs=max(1, steps // per_epoch),
         matchmaking_s=1.5 if args.smoke else 2.0, averaging_timeout_s=10.0 if args.smoke else 20.0, run_id=f"e2e{os.getpid()}",
         regions={str(i): r for i, r in enumerate(regions)},

@@ -94,20 +94,21 @@ def run_geotrain(
                              "--report-dir", str(report_dir), "--host", network.host(home), "--json"], region=home)
         coord.wait_event("plan", left())
         at_go, t_go, t_go_wall = network.counters(), time.monotonic(), time.time()
-        at_end, t_end = None, None
+        at_end: dict[str, dict[str, int]] | None = None
+        t_end: float | None = None
         while True:
             e = coord.next_event(min(left(), 1.0))
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"geotrain did not finish within {timeout_s:.0f}s; last: {coord.lines[-5:]}")
             if e is None:
                 continue
-            if at_end is None and e.get("event") == "progress":
+            if t_end is None and e.get("event") == "progress":
                 st = [v.get("status") for v in e.get("peers", {}).values()]
                 if len(st) >= len(regions) and all(s == DONE for s in st):
                     at_end, t_end = network.counters(), time.monotonic()
             if e.get("event") == "report":
                 break
-        if at_end is None:  # the coordinator saw every peer done between two progress lines
+        if t_end is None:  # the coordinator saw every peer done between two progress lines
             at_end, t_end = network.counters(), time.monotonic()
     report = json.loads((report_dir / "report.json").read_text())
     checkpoints, note = read_checkpoints(job, report, t_go_wall)
