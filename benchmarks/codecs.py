@@ -127,7 +127,8 @@ def measure(entries: list[Entry], x: torch.Tensor, repeat: int) -> dict[str, dic
             roundtrip_MBps=round(mb / statistics.median(rt), 1),
             # the fastest repeat: on a shared machine, the one least disturbed by others
             best_roundtrip_MBps=round(mb / min(rt), 1),
-            # CPU seconds of all this process's threads: barely moved by other processes' load
+            # CPU seconds of all this process's threads; less moved by others' load than wall time,
+            # though OpenMP spin-waits and cache contention still inflate it
             roundtrip_cpu_MBps=round(mb / statistics.median(cpu[e.codec]), 1),
         )
     return results
