@@ -38,13 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"geotrain.cli.{name}")
-        except ModuleNotFoundError as e:
-            if e.name != f"geotrain.cli.{name}":
-                raise
-            continue  # command not built yet in this checkout
-        module.register(sub)
+        importlib.import_module(f"geotrain.cli.{name}").register(sub)
     return parser
 
 

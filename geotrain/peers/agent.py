@@ -90,6 +90,7 @@ class PeerAgent:
         self._job: JobSpec | None = None
         self._job_key: tuple[str, str] | None = None  # (publisher, job id) of the parsed job
         self._status = "idle"
+        self._device = config.device  # torch device the stage trains on ("auto" resolved at start)
         self._allowed_seen: dict[bytes, float] = {}  # CURVE key -> last seen in a verified record
         self._job_baseline: Any = None  # transport counters when this peer joined the current job
         self._threads: list[threading.Thread] = []
@@ -99,6 +100,7 @@ class PeerAgent:
         from geotrain.peers.benchmark import BenchmarkConfig, measure_compute
 
         compute = measure_compute(BenchmarkConfig(device=self.config.device, max_seconds=self.config.benchmark_s))
+        self._device = "cuda" if compute.device_type == "cuda" and self.config.device == "auto" else self.config.device
         started = time.time()
 
         def make_record() -> PeerRecord:
@@ -303,6 +305,7 @@ class PeerAgent:
             transport=self.transport,
             previous_state=self._last_state if self._last_state is not None and self._last_state.job_id == plan.job_id else None,
             previous_plan=previous if previous is not None and previous.job_id == plan.job_id else None,
+            device=self._device,
             links=dict(self._links),
         )
         self._status = "training"

@@ -59,6 +59,7 @@ class StageWorker:
         previous_state: StageState | None = None,
         previous_plan: JobPlan | None = None,
         links: dict[str, LinkMeasurement] | None = None,
+        device: str = "cpu",
     ) -> None:
         slot_at = plan.slot_of(peer_id)
         if slot_at is None:
@@ -69,7 +70,8 @@ class StageWorker:
         slot = pipe[s]
         self.pipeline, self.stage_index = p, s
         seed = job.job.seed
-        self.stage = build_stage(job.model.block_model(seed), slot.layers, seed)
+        self.device = torch.device(device)
+        self.stage = build_stage(job.model.block_model(seed), slot.layers, seed).to(self.device)
         # connect every peer of the plan: neighbours, the other end (tied weights), group members, state donors
         everyone = {sl.peer: sl for pp in plan.pipelines for sl in pp}
         groups = plan.groups_of(peer_id)
@@ -90,7 +92,8 @@ class StageWorker:
         batch = pcfg.micro_batch_size * pcfg.microbatches
 
         def data(step: int) -> torch.Tensor:
-            return ds.get_batch(step, batch_size=batch, seq_len=seq_len, seed=seed, shard=p, num_shards=num_pipes)
+            b = ds.get_batch(step, batch_size=batch, seq_len=seq_len, seed=seed, shard=p, num_shards=num_pipes)
+            return b.to(self.device, non_blocking=True)  # (B, T + 1)
 
         act_codec = plan.hop_codec(p, s)[0] if s + 1 < len(pipe) else "none"
         grad_codec = plan.hop_codec(p, s - 1)[1] if s > 0 else "none"

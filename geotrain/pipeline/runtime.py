@@ -121,6 +121,8 @@ class StageRuntime:
         if talks_to_end and end_peer is None:
             raise ConfigError("end_peer (the other end stage's peer) is required for tied weights or targets_from_first")
         self.config, self.stage, self.transport = c, stage, transport
+        # where this stage computes: what arrives off the wire (always CPU) is moved there
+        self.device = next((p.device for p in stage.parameters()), torch.device("cpu"))
         self.prev_peer, self.next_peer, self.end_peer, self.data = prev_peer, next_peer, end_peer, data
         self.optimizer = optimizer or torch.optim.AdamW(
             stage.parameters(), lr=c.lr, betas=c.betas, weight_decay=c.weight_decay
@@ -346,7 +348,9 @@ class StageRuntime:
                     logger.debug("dropped %s from %r (job %r plan %d)", kind, msg.sender, msg.job, msg.plan_version)
                     continue
                 self._recv_bytes[peer] += msg.nbytes
-                return msg.tensors
+                if self.device.type == "cpu":
+                    return msg.tensors
+                return {k: v.to(self.device, non_blocking=True) for k, v in msg.tensors.items()}
         finally:
             self._recv_wait += time.perf_counter() - t0
 

@@ -33,8 +33,13 @@ class Fragment:
         return sum(p.numel() for p in self.params)
 
     def flat(self) -> torch.Tensor:
-        """The local parameters as one fp32 vector ``(numel,)`` (a copy)."""
-        return torch.cat([p.detach().reshape(-1).float() for p in self.params])
+        """The local parameters as one fp32 vector ``(numel,)`` on the CPU (a copy).
+
+        The global copy and the outer optimizer live on the CPU whatever device
+        trains the stage: they are touched once a round, and accelerator memory
+        is better spent on the inner steps (as DiLoCo implementations do).
+        """
+        return torch.cat([p.detach().reshape(-1).float().cpu() for p in self.params])
 
     def assign(self, flat: torch.Tensor) -> None:
         """Overwrite the local parameters from a flat fp32 vector."""
