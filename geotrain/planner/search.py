@@ -187,6 +187,33 @@ def pack(cm: CostModel, chosen: Sequence[str], S: int, P: int, *, by: str = "flo
     return tuple(out)
 
 
+def interleave(cm: CostModel, chosen: Sequence[str], S: int, P: int) -> Grid | None:
+    """Pipelines that alternate regions stage by stage (row p, stage s from region (p + s) mod k).
+
+    The packing's opposite: worth a try when crossing regions is as cheap as staying (a codec on
+    cross-region hops, slow links inside regions).
+    """
+    peers = cm.sc._peer
+    by_region: dict[str, list[str]] = {}
+    for q in chosen:
+        by_region.setdefault(peers[q].region, []).append(q)
+    regions = sorted(by_region)
+    k = len(regions)
+    if k < 2:
+        return None
+    rows = []
+    for p in range(P):
+        row = []
+        for s in range(S):
+            for j in range(k):
+                pool = by_region[regions[(p + s + j) % k]]
+                if pool:
+                    row.append(pool.pop(0))
+                    break
+        rows.append(tuple(row))
+    return tuple(rows)
+
+
 def rankings(cm: CostModel, objective: Objective) -> list[Callable[[str], tuple[float, str]]]:
     peers = cm.sc._peer
 
@@ -336,6 +363,9 @@ def heuristic(score: Scorer, peer_ids: Sequence[str], *, seed: int = 0, time_bud
             shape_best: Candidate | None = None
             starts = [pack(cm, order[:S * P], S, P, by=by) for order in scan_orders
                       for by in (("flops", "memory") if small else ("flops",))]
+            mixed = interleave(cm, orders[0][:S * P], S, P)
+            if mixed is not None:
+                starts.append(mixed)
             if small:  # a few random grids too: packing can miss memory-feasible shapes on odd swarms
                 for _ in range(8):
                     shuffled = list(peer_ids)

@@ -70,6 +70,7 @@ class Simulation:
         self.stages: int | None = self.sc.job.stages
         self.version = 0
         self.last_replan = -math.inf
+        self._alive_at_plan: frozenset[str] = frozenset()
         self._step_cache: dict[tuple[Any, ...], float] = {}
         self.tokens_per_step = self.cm.M * self.cm.m
         self.H = self.sc.job.sync_every
@@ -153,6 +154,9 @@ class Simulation:
         old = {st.peer: st.layers for pipe in self.pipelines for st in pipe}
         live = [p for p in self.sc.peers if p.id in self.alive]
         self.last_replan = now
+        if optional and frozenset(self.alive) == self._alive_at_plan:
+            return 0.0  # nobody came or went since the last planner call: it would say the same
+        self._alive_at_plan = frozenset(self.alive)
         if not live:
             self._set_plan([], now)
             return 0.0
