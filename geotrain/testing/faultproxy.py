@@ -66,13 +66,18 @@ class Fault:
 
 @dataclass(frozen=True, kw_only=True)
 class FaultProxyConfig:
-    """``target``: ``tcp://host:port`` (or ``host:port``) to forward to; ``io_timeout_s`` bounds every send."""
+    """``target``: ``tcp://host:port`` (or ``host:port``) to forward to; ``io_timeout_s`` bounds every send.
+
+    ``capture_bytes``: keep up to this many forwarded bytes per direction (a
+    loopback capture, e.g. to check that a payload never crosses in clear).
+    """
 
     target: str
     host: str = "127.0.0.1"
     fault: Fault = field(default_factory=Fault)
     io_timeout_s: float = 30.0
     connect_timeout_s: float = 5.0
+    capture_bytes: int = 0
 
     def __post_init__(self) -> None:
         try:
@@ -81,6 +86,8 @@ class FaultProxyConfig:
             raise ConfigError(f"faultproxy.target must be tcp://host:port; got {self.target!r} ({e})") from None
         if self.io_timeout_s <= 0 or self.connect_timeout_s <= 0:
             raise ConfigError("faultproxy.io_timeout_s and connect_timeout_s must be > 0")
+        if self.capture_bytes < 0:
+            raise ConfigError(f"faultproxy.capture_bytes must be >= 0; got {self.capture_bytes}")
 
 
 @dataclass
@@ -146,6 +153,7 @@ class FaultProxy:
         self._stop = threading.Event()
         self._listener: socket.socket | None = None
         self._threads: list[threading.Thread] = []
+        self._captured: dict[str, bytearray] = {"up": bytearray(), "down": bytearray()}
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> FaultProxy:
@@ -205,6 +213,11 @@ class FaultProxy:
         with self._lock:
             s = self._stats
             return ProxyStats(s.up, s.down, s.swallowed, s.connections, s.resets, s.fired_at)
+
+    def captured(self, direction: Literal["up", "down"]) -> bytes:
+        """The first ``config.capture_bytes`` bytes forwarded in ``direction`` (all connections, in order)."""
+        with self._lock:
+            return bytes(self._captured[direction])
 
     def wait_fired(self, timeout: float) -> bool:
         """True once the current reset/blackhole fault has acted (within ``timeout`` seconds)."""
@@ -307,6 +320,9 @@ class FaultProxy:
                 self._stats.up += keep
             else:
                 self._stats.down += keep
+            room_left = self.config.capture_bytes - len(self._captured[direction])
+            if room_left > 0:
+                self._captured[direction] += data[: min(keep, room_left)]
         if wait > 0:
             time.sleep(wait)  # the emulated link is busy: hold the bytes (this is the proxy, not a test)
         if keep:
