@@ -205,8 +205,12 @@ class SwarmSection:
 @dataclass(frozen=True, kw_only=True)
 class ReportSection:
     dir: str = "runs"
-    eval_every: int = 20
+    eval_every: int = 0  # > 0: validation loss of the global model every this many steps (0 = start and end only)
     eval_batches: int = 4
+
+    def __post_init__(self) -> None:
+        if self.eval_every < 0 or self.eval_batches < 1:
+            raise ConfigError("report.eval_every must be >= 0 and report.eval_batches >= 1")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -54,7 +54,7 @@ def demo_job(*, steps: int, peers: int, preset: str) -> dict[str, Any]:
         "stop": {"steps": steps},
         "swarm": {"min_peers": peers, "wait_peers_s": 180.0, "hop_timeout_s": 30.0, "round_timeout_s": 30.0,
                   "heartbeat_s": 2.0},
-        "report": {"dir": "runs", "eval_batches": 8},
+        "report": {"dir": "runs", "eval_every": 20, "eval_batches": 8},
     }
 
 

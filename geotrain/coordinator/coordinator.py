@@ -67,6 +67,7 @@ class _Run:
     in_plan_s: dict[str, float] = field(default_factory=dict)  # seconds each peer spent in a plan
     compute_s: dict[str, float] = field(default_factory=dict)
     seen_loss: set[tuple[str, int]] = field(default_factory=set)
+    last_eval_step: int = 0
 
 
 class Coordinator:
@@ -240,6 +241,7 @@ class Coordinator:
                 logger.info("DHT read failed: %s", e)
                 continue
             self._account(peers, progress, dt)
+            self._maybe_evaluate(progress)
             plan_peers = set(self.plan.peers)
             # deaths
             for pid in plan_peers:
@@ -304,6 +306,31 @@ class Coordinator:
         self._emit({"event": "progress", "t_s": round(self._t(), 1), "tokens": tokens,
                     "peers": {pid: {"step": p.step, "loss": p.loss, "round": p.round,
                                     "status": p.stats.get("status")} for pid, p in r.last_progress.items()}})
+
+    def _maybe_evaluate(self, progress: dict[str, ProgressRecord]) -> None:
+        """Every ``report.eval_every`` steps: validation loss of the global model, assembled from the groups."""
+        every = self.job.report.eval_every
+        if every <= 0 or self.transport is None or self.plan is None:
+            return
+        steps = [p.step for pid, p in progress.items() if pid in set(self.plan.peers)]
+        if len(steps) < len(self.plan.peers):
+            return
+        reached = min(steps) // every * every
+        if reached <= self._run.last_eval_step or reached == 0:
+            return
+        self._run.last_eval_step = reached
+        from geotrain.coordinator.evaluate import fetch_global, validation_loss
+
+        try:
+            state = fetch_global(self.job, self.plan, self.transport, timeout=self.job.swarm.round_timeout_s)
+            loss = validation_loss(self.job, state.params)
+        except GeotrainError as e:
+            logger.info("evaluation at step %d skipped: %s", reached, e)
+            return
+        tokens = self._run.throughput[-1]["tokens"] if self._run.throughput else 0
+        self._run.validation.append({"t_s": round(self._t(), 3), "step": state.step, "round": state.round,
+                                     "tokens": tokens, "loss": loss, "source": "global"})
+        self._emit({"event": "validation", "step": state.step, "round": state.round, "loss": loss})
 
     def _restart_step(self, progress: dict[str, ProgressRecord], peers: dict[str, PeerRecord]) -> int:
         """A round boundary no live peer of the plan has passed: the next plan starts there.
@@ -384,7 +411,8 @@ class Coordinator:
             from geotrain.coordinator.evaluate import evaluate_plan
 
             try:
-                r.validation.extend(evaluate_plan(self.job, self.plan, self.transport, t_s=round(wall, 3), tokens=tokens))
+                rows = evaluate_plan(self.job, self.plan, self.transport, t_s=round(wall, 3), tokens=tokens)
+                r.validation = [rows[0], *r.validation, *rows[1:]]
             except GeotrainError as e:
                 self._event("error", message=f"final evaluation failed: {e}")
         pairs = self._bytes_by_region_pair()
@@ -401,6 +429,7 @@ class Coordinator:
             "tokens": tokens,
             "tokens_per_s": tokens / wall if wall > 0 else 0.0,
             "plan_versions": len(r.plans),
+            "rounds": min((p.round for p in r.last_progress.values()), default=0),
             "deaths": sum(1 for e in r.events if e["kind"] == "death"),
             "train_loss_first": r.loss[0]["loss"] if r.loss else None,
             "train_loss_last": r.loss[-1]["loss"] if r.loss else None,

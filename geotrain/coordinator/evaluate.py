@@ -70,7 +70,7 @@ def fetch_global(job: JobSpec, plan: JobPlan, transport: Transport, *, timeout: 
 def evaluate_plan(job: JobSpec, plan: JobPlan, transport: Transport, *, t_s: float, tokens: int) -> list[dict[str, Any]]:
     """Validation rows for the report: the seeded initial model and the final global model."""
     rows: list[dict[str, Any]] = [
-        {"t_s": 0.0, "step": 0, "tokens": 0, "loss": validation_loss(job), "source": "init"}
+        {"t_s": 0.0, "step": 0, "round": 0, "tokens": 0, "loss": validation_loss(job), "source": "init"}
     ]
     state = fetch_global(job, plan, transport, timeout=job.swarm.round_timeout_s)
     rows.append(

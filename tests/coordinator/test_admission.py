@@ -33,6 +33,7 @@ def test_members_train_and_outsider_is_refused(children: ChildGroup, tmp_path: P
     planned = {s["peer"] for plan in report["plans"] for pipe in plan["pipelines"] for s in pipe}
     assert planned == set(swarm.peer_ids())
     assert out_ready["peer_id"] not in {p["peer_id"] for p in report["peers"]}
+    assert report["summary"]["rounds"] >= 1
     assert report["summary"]["val_loss_final"] < report["summary"]["val_loss_initial"]
 
     # a client with no CURVE credentials cannot talk to a member's data plane

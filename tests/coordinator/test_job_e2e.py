@@ -27,7 +27,7 @@ def tiny_job(*, steps: int, min_peers: int = 4) -> dict[str, Any]:
         "pipeline": {"stages": 2, "pipelines": "auto", "micro_batch_size": 4, "microbatches": 2},
         "sync": {"every": 5, "codec": "int8"},
         "stop": {"steps": steps},
-        "swarm": {"min_peers": min_peers, "wait_peers_s": 90, "hop_timeout_s": 6, "round_timeout_s": 6},
+        "swarm": {"min_peers": min_peers, "wait_peers_s": 120, "hop_timeout_s": 20, "round_timeout_s": 20},
         "report": {"eval_batches": 4},
     }
 
