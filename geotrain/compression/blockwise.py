@@ -4,26 +4,22 @@ A **block** is a run of ``block`` consecutive elements of the flattened tensor
 that shares one **scale** (its absolute maximum over the largest code). The
 last block may be shorter (the **tail**); nothing is padded on the wire.
 
-Speed: the per-block work runs in :mod:`geotrain.compression.kernels` (numpy,
-in cache-sized chunks, on a small thread pool); only per-block scale vectors
+Speed: the per-block work runs in :mod:`geotrain.compression.kernels` (torch ops
+on cache-sized chunks, in single-threaded pool workers); only per-block scale vectors
 are handled with torch here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from geotrain.compression import kernels
 from geotrain.compression.base import raise_nonfinite
 from geotrain.errors import CodecError
-
-#: Elements per chunk of the torch loops that remain (topk): 4 MiB of fp32.
-CHUNK_ELEMS = 1 << 20
 
 #: Scale dtypes by config name and by wire name.
 SCALE_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -57,27 +53,12 @@ class Layout:
         return self.nfull + (1 if self.tail else 0)
 
 
-def row_chunks(nrows: int, block: int) -> Iterator[tuple[int, int]]:
-    """(start, stop) row ranges of about CHUNK_ELEMS elements each."""
-    rows = max(1, CHUNK_ELEMS // block)
-    for r0 in range(0, nrows, rows):
-        yield r0, min(nrows, r0 + rows)
-
-
-def numpy_view(t: torch.Tensor) -> tuple[np.ndarray, bool]:
-    """A numpy view (no copy) of a contiguous CPU tensor, and whether it holds bf16 bits as uint16."""
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(np.uint16), True
-    return t.numpy(), False
-
-
 def absmax(flat: torch.Tensor, layout: Layout) -> torch.Tensor:
     """Per-block max |x| as fp32, shape (nblocks,); NaN in a block gives NaN."""
     out = torch.empty(layout.nblocks, dtype=torch.float32)
     nf, b = layout.nfull, layout.block
     if nf:
-        xn, bf16 = numpy_view(flat[: nf * b])
-        kernels.absmax_rows(xn.reshape(nf, b), bf16, out[:nf].numpy())
+        kernels.absmax_rows(flat[: nf * b].view(nf, b), out[:nf])
     if layout.tail:
         out[nf] = flat[nf * b :].abs().amax().float()
     return out

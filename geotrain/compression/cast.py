@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from geotrain.compression import kernels
 from geotrain.compression.base import (
     Buffer,
     Codec,
@@ -76,7 +77,7 @@ class CastCodec(Codec):
         if not self.config.allow_nonfinite and flat.numel():
             # two full reductions, no temporaries: NaN propagates through amax/amin, and the
             # same two numbers tell whether fp16 can hold the values at all
-            hi, lo = float(flat.amax()), float(flat.amin())
+            hi, lo = kernels.minmax_flat(flat)
             if not (math.isfinite(hi) and math.isfinite(lo)):
                 raise_nonfinite(self.spec)
             if wire == torch.float16 and max(hi, -lo) > _FP16_MAX:
@@ -87,7 +88,8 @@ class CastCodec(Codec):
             out = flat
             meta["wire"] = dtype_name(x.dtype)
         else:
-            out = flat.to(wire)
+            out = torch.empty(flat.numel(), dtype=wire)
+            kernels.cast_flat(flat, out)
             meta["wire"] = dtype_name(wire)
         return Encoded(codec=self.spec, meta=meta, buffers=(out,))
 
@@ -100,7 +102,8 @@ class CastCodec(Codec):
         payload = view_buffer(buffers[0], expected_wire, numel, codec=self.name, what="payload")
         # .to() copies when dtypes differ; clone when they match so the result never aliases
         # a (possibly read-only, reused) network buffer
-        out = payload.to(dtype) if expected_wire != dtype else payload.clone()
+        out = torch.empty(numel, dtype=dtype)
+        kernels.cast_flat(payload, out)
         return out.view(shape)
 
     def estimate_ratio(self, numel: int, dtype: torch.dtype) -> float:

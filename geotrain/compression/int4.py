@@ -86,7 +86,6 @@ class Int4Codec(Codec):
         self.config = config
         self._qmax = _QMAX[config.grid]
         self._table = _byte_table(config.grid)  # (256, 2)
-        self._table_np = self._table.numpy()
         self._kind = "int4" if config.grid == "int" else "e2m1"
 
     @property
@@ -116,9 +115,8 @@ class Int4Codec(Codec):
         packed = torch.empty((layout.numel + 1) // 2, dtype=torch.uint8)  # (ceil(N/2),)
         nf, b = layout.nfull, layout.block
         if nf:
-            xn, bf16 = bw.numpy_view(flat[: nf * b])
-            dst = packed[: nf * b // 2].numpy().reshape(nf, b // 2)
-            kernels.quantize_rows(xn.reshape(nf, b), bf16, inv[:nf].numpy(), dst, kind=self._kind)
+            dst = packed[: nf * b // 2].view(nf, b // 2)
+            kernels.quantize_rows(flat[: nf * b].view(nf, b), inv[:nf], dst, kind=self._kind)
         if layout.tail:
             codes = self._codes(flat[nf * b :].float() * inv[-1])
             if codes.numel() % 2:  # pad with the code of 0.0 to fill the last byte
@@ -146,13 +144,8 @@ class Int4Codec(Codec):
         out = torch.empty(numel, dtype=dtype)  # (N,)
         nf = layout.nfull
         if nf:
-            out_np, bf16 = bw.numpy_view(out[: nf * b])
             kernels.dequantize_rows(
-                packed[: nf * b // 2].numpy().reshape(nf, b // 2),
-                scales[:nf].numpy(),
-                out_np.reshape(nf, b),
-                table=self._table_np,
-                out_bf16=bf16,
+                packed[: nf * b // 2].view(nf, b // 2), scales[:nf], out[: nf * b].view(nf, b), table=self._table
             )
         if layout.tail:
             tail = self._table.index_select(0, packed[nf * b // 2 :].int()).view(-1)[: layout.tail]

@@ -71,8 +71,7 @@ class Int8Codec(Codec):
         codes = torch.empty(layout.numel, dtype=torch.int8)  # (N,)
         nf, b = layout.nfull, layout.block
         if nf:
-            xn, bf16 = bw.numpy_view(flat[: nf * b])
-            kernels.quantize_rows(xn.reshape(nf, b), bf16, inv[:nf].numpy(), codes[: nf * b].numpy().reshape(nf, b))
+            kernels.quantize_rows(flat[: nf * b].view(nf, b), inv[:nf], codes[: nf * b].view(nf, b))
         if layout.tail:
             codes[nf * b :].copy_((flat[nf * b :].float() * inv[-1]).round_().clamp_(-QMAX, QMAX))
         meta: dict[str, Any] = {
@@ -95,10 +94,7 @@ class Int8Codec(Codec):
         out = torch.empty(numel, dtype=dtype)  # (N,)
         nf = layout.nfull
         if nf:
-            out_np, bf16 = bw.numpy_view(out[: nf * b])
-            kernels.dequantize_rows(
-                codes[: nf * b].numpy().reshape(nf, b), scales[:nf].numpy(), out_np.reshape(nf, b), out_bf16=bf16
-            )
+            kernels.dequantize_rows(codes[: nf * b].view(nf, b), scales[:nf], out[: nf * b].view(nf, b))
         if layout.tail:
             out[nf * b :].copy_(codes[nf * b :].float() * scales[-1])
         return out.view(shape)

@@ -1,38 +1,47 @@
-"""Chunked numpy kernels for the blockwise quantizers, run on a small thread pool.
+"""Chunked kernels of the blockwise quantizers, run on a small pool of single-threaded workers.
 
-Why not torch ops: each torch op on a large tensor is an OpenMP parallel region
-that ends in a barrier. On a machine whose cores are busy with other work (the
-peer's own training step, other processes) one of the OpenMP threads is often
-descheduled, and every barrier then waits for it: a loop of a hundred chunked
-ops went from ~30 ms to ~600 ms at a load of 8 on 2 cores. numpy ops are
-single-threaded and release the GIL, so here each chunk of about 1M elements
-(4 MiB, in cache) is a task on a thread pool: no barriers, and a descheduled
-worker only delays its own chunk.
+Why a pool: each torch op on a large tensor is an OpenMP parallel region that
+ends in a barrier. On a machine whose cores are busy with other work (the
+peer's own training step, other processes) one OpenMP thread is often
+descheduled and every barrier waits for it; measured on the shared 2-core box
+at load ~10, 50 amax/amin pairs on a 1M-element chunk took 700 ms with 2
+OpenMP threads and 46 ms in one thread. So the work is cut into chunks of about
+1M elements (4 MiB: in cache while a task makes its passes), and each chunk is
+a task for a pool worker whose OpenMP team is one thread: no barriers, and a
+descheduled worker only delays its own chunk. At most
+``torch.get_num_threads()`` workers run one call's tasks.
 
-Arrays are numpy views of torch tensors (shared memory). bf16 has no numpy
-dtype, so bf16 data travels as its uint16 bit pattern and is widened with a
-shift (exact).
+A worker gets its one-thread team through libgomp's ``omp_set_num_threads``,
+which sets only the calling thread's value (torch's own setter would change the
+process-wide default too). Where torch is not built with GNU OpenMP the workers
+keep torch's default and the kernels are just as correct, only more exposed to
+load.
 """
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import os
-import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import torch
 
-__all__ = ["CHUNK_ELEMS", "absmax_rows", "dequantize_rows", "parallel_rows", "quantize_rows"]
+__all__ = ["CHUNK_ELEMS", "absmax_rows", "cast_flat", "dequantize_rows", "minmax_flat", "parallel_rows", "quantize_rows"]
 
-#: Elements per task (4 MiB of fp32: stays in cache while a task makes its passes).
+log = logging.getLogger(__name__)
+
+#: Elements per task (4 MiB of fp32).
 CHUNK_ELEMS = 1 << 20
 # 1.5 * 2**23: adding it to a float32 v with |v| < 2**22 leaves round-half-even(v) in the low
-# mantissa bits, so the lowest byte is the two's complement int8 of round(v).
-_MAGIC = np.float32(12582912.0)
-assert sys.byteorder == "little", "the quantizers read the low byte of each float32"
+# mantissa bits, so the float's bits read as int32 end in the int8 value of round(v).
+_MAGIC = torch.tensor(12582912.0)
+# E2M1 magnitude index of |v| in [0, 6] by floor(4 |v|): every midpoint between neighbouring
+# grid values (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5) is a multiple of 0.25
+_E2M1_BY_QUARTER = torch.tensor([0, 1, 1, 2, 2, 3, 3, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7],
+                                dtype=torch.uint8)
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -43,17 +52,37 @@ def _workers() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
 
+def _libgomp() -> ctypes.CDLL | None:
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libgomp" in line}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        try:
+            return ctypes.CDLL(path)
+        except OSError:
+            continue
+    return None
+
+
+def _init_worker() -> None:
+    _local.worker = True
+    torch.zeros(1).add_(1)  # torch sets this thread's OpenMP team size on first use; do it now
+    gomp = _libgomp()
+    if gomp is not None:
+        gomp.omp_set_num_threads(1)  # this thread only
+    if torch.get_num_threads() != 1:
+        log.debug("codec workers keep %d OpenMP threads (no libgomp found)", torch.get_num_threads())
+
+
 def _get_pool() -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
             _pool = ThreadPoolExecutor(max_workers=_workers(), thread_name_prefix="geotrain-codec",
-                                       initializer=_mark_worker)
+                                       initializer=_init_worker)
         return _pool
-
-
-def _mark_worker() -> None:
-    _local.worker = True
 
 
 def _forget_pool_after_fork() -> None:
@@ -66,12 +95,17 @@ def _forget_pool_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_pool_after_fork)
 
 
-def parallel_rows(nrows: int, block: int, task: Callable[[int, int], None]) -> None:
-    """Run ``task(r0, r1)`` over row ranges of about CHUNK_ELEMS elements.
+def _scratch(rows: int, block: int) -> torch.Tensor:
+    """This thread's reusable fp32 buffer of at least (rows, block)."""
+    buf = getattr(_local, "scratch", None)
+    if buf is None or buf.numel() < rows * block:
+        buf = torch.empty(max(rows * block, CHUNK_ELEMS), dtype=torch.float32)
+        _local.scratch = buf
+    return buf[: rows * block].view(rows, block)
 
-    At most ``torch.get_num_threads()`` ranges run at once (the caller's thread
-    is one of them), so the process-wide thread budget is respected.
-    """
+
+def parallel_rows(nrows: int, block: int, task: Callable[[int, int], None]) -> None:
+    """Run ``task(r0, r1)`` over row ranges of about CHUNK_ELEMS elements on the worker pool."""
     rows = max(1, CHUNK_ELEMS // block)
     ranges = iter([(r0, min(nrows, r0 + rows)) for r0 in range(0, nrows, rows)])
     nworkers = min(-(-nrows // rows), torch.get_num_threads(), _workers())
@@ -85,95 +119,96 @@ def parallel_rows(nrows: int, block: int, task: Callable[[int, int], None]) -> N
                 return
             task(*r)
 
-    # inline when one thread suffices, or when called from a pool worker (never wait on ourselves)
-    if nworkers <= 1 or getattr(_local, "worker", False):
+    if getattr(_local, "worker", False):  # called from a worker: never wait on ourselves
         drain()
         return
-    helpers = [_get_pool().submit(drain) for _ in range(nworkers - 1)]
-    try:
-        drain()
-    finally:  # the helpers write into the caller's arrays: wait for them even if we failed
-        for future in helpers:
-            future.result()
+    futures = [_get_pool().submit(drain) for _ in range(max(1, nworkers))]
+    for future in futures:
+        future.result()
 
 
-def as_f32(chunk: np.ndarray, bf16: bool) -> np.ndarray:
-    """A float32 copy-or-view of a chunk: bf16 bits (uint16) are widened by a 16-bit shift."""
-    if bf16:
-        return (chunk.astype(np.uint32) << 16).view(np.float32)
-    return chunk if chunk.dtype == np.float32 else chunk.astype(np.float32)
-
-
-def absmax_rows(x: np.ndarray, bf16: bool, out: np.ndarray) -> None:
-    """out[r] = max |x[r, :]| for a (rows, block) array; NaN in a row gives NaN."""
+def absmax_rows(x: torch.Tensor, out: torch.Tensor) -> None:
+    """out[r] = max |x[r, :]| (fp32) for a (rows, block) tensor; NaN in a row gives NaN."""
 
     def task(r0: int, r1: int) -> None:
-        c = as_f32(x[r0:r1], bf16)
-        np.maximum(c.max(axis=1), -c.min(axis=1), out=out[r0:r1])
+        c = x[r0:r1]
+        # max and -min: two reductions that read x without writing an |x| temporary
+        torch.maximum(c.amax(dim=1), c.amin(dim=1).neg_(), out=out[r0:r1])
 
     parallel_rows(x.shape[0], x.shape[1], task)
 
 
-# E2M1 magnitude index of |v| in [0, 6] by floor(4 |v|): every midpoint between neighbouring
-# grid values (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5) is a multiple of 0.25
-_E2M1_BY_QUARTER = np.array([0, 1, 1, 2, 2, 3, 3, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7], np.uint8)
-
-
-def quantize_rows(x: np.ndarray, bf16: bool, inv: np.ndarray, codes: np.ndarray, *, kind: str = "int8") -> None:
-    """Quantize a (rows, block) array with per-row ``inv = 1 / scale`` into ``codes``.
+def quantize_rows(x: torch.Tensor, inv: torch.Tensor, codes: torch.Tensor, *, kind: str = "int8") -> None:
+    """Quantize a (rows, block) tensor with per-row ``inv = 1 / scale`` into ``codes``.
 
     - ``int8``: codes (rows, block) int8 = round(x * inv), |x * inv| <= 127;
-    - ``int4``: nibble ``round(x * inv) + 8`` (|x * inv| <= 7), two per byte, codes (rows, block / 2);
+    - ``int4``: nibble ``round(x * inv) + 8`` (|x * inv| <= 7), two per byte: codes (rows, block / 2) uint8;
     - ``e2m1``: nibble ``sign * 8 + E2M1 index of |x * inv|`` (<= 6), two per byte.
     Element 2i of a row goes to the high nibble of byte i.
     """
+    block = x.shape[1]
 
     def task(r0: int, r1: int) -> None:
-        c = as_f32(x[r0:r1], bf16)
-        t = np.multiply(c, inv[r0:r1, None])  # (rows, block) fp32, one chunk: stays in cache
+        t = _scratch(r1 - r0, block)  # (rows, block) fp32, in cache
         if kind == "e2m1":
-            sign = (t.view(np.uint32) >> np.uint32(28)).astype(np.uint8) & np.uint8(8)
-            np.abs(t, out=t)
-            t *= 4.0
-            quarter = np.minimum(t.astype(np.int32), 24)
-            u = np.take(_E2M1_BY_QUARTER, quarter) | sign
+            torch.mul(x[r0:r1], inv[r0:r1, None], out=t)
+            sign = t.view(torch.int32).bitwise_right_shift(28).bitwise_and_(8).to(torch.uint8)
+            quarter = t.abs_().mul_(4.0).to(torch.int32).clamp_(max=24)
+            u = _E2M1_BY_QUARTER[quarter].bitwise_or_(sign)
         else:
-            t += _MAGIC
-            low = t.view(np.int32)  # (rows, block): its low byte is the int8 value of round(x * inv)
+            torch.addcmul(_MAGIC, x[r0:r1], inv[r0:r1, None], out=t)
+            low = t.view(torch.int32)  # its low byte is the int8 value of round(x * inv)
             if kind == "int8":
-                codes[r0:r1] = low  # int32 -> int8 keeps the low byte (a contiguous cast, not a strided read)
+                codes[r0:r1].copy_(low)  # int32 -> int8 keeps the low byte
                 return
-            u = low.astype(np.uint8) + np.uint8(8)  # 1..15
-        np.bitwise_or(u[:, 0::2] << np.uint8(4), u[:, 1::2], out=codes[r0:r1])
+            u = low.to(torch.uint8).add_(8)  # 1..15 (uint8 arithmetic wraps)
+        torch.add(u[:, 1::2], u[:, 0::2], alpha=16, out=codes[r0:r1])
 
-    parallel_rows(x.shape[0], x.shape[1], task)
+    parallel_rows(x.shape[0], block, task)
 
 
-def dequantize_rows(codes: np.ndarray, scales: np.ndarray, out: np.ndarray, *, table: np.ndarray | None = None,
-                    out_bf16: bool = False) -> None:
-    """out[r, :] = value(codes[r, :]) * scales[r] for (rows, block) output.
+def dequantize_rows(codes: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, *,
+                    table: torch.Tensor | None = None) -> None:
+    """out[r, :] = value(codes[r, :]) * scales[r] for a (rows, block) output of any float dtype.
 
     ``table`` (256, 2) maps a packed byte to its two values (int4); without it
-    codes are int8 values. ``out_bf16``: ``out`` is uint16 bf16 bits (rounded to
-    nearest even from fp32).
+    ``codes`` are int8 values.
     """
     block = out.shape[1]
 
     def task(r0: int, r1: int) -> None:
-        if table is None and not out_bf16 and out.dtype == np.float32:
-            np.multiply(codes[r0:r1], scales[r0:r1, None], out=out[r0:r1])  # straight into the output
-            return
+        o = out[r0:r1]
+        t = o if o.dtype == torch.float32 else _scratch(r1 - r0, block)
         if table is None:
-            v = np.multiply(codes[r0:r1], scales[r0:r1, None], dtype=np.float32)
+            t.copy_(codes[r0:r1])
         else:
-            v = np.take(table, codes[r0:r1], axis=0).reshape(r1 - r0, block)
-            v *= scales[r0:r1, None]
-        if out_bf16:
-            bits = v.view(np.uint32)
-            rounded = bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))
-            np.right_shift(rounded, np.uint32(16), out=rounded)
-            out[r0:r1] = rounded
-        else:
-            out[r0:r1] = v
+            torch.index_select(table, 0, codes[r0:r1].reshape(-1).to(torch.int32), out=t.view(-1, 2))
+        t.mul_(scales[r0:r1, None])
+        if t is not o:
+            o.copy_(t)
 
     parallel_rows(out.shape[0], block, task)
+
+
+def minmax_flat(x: torch.Tensor) -> tuple[float, float]:
+    """(max, min) of a non-empty 1-D tensor; NaN anywhere gives NaN."""
+    n = x.numel()
+    nchunks = -(-n // CHUNK_ELEMS)
+    part = torch.empty(nchunks, 2, dtype=torch.float32)  # (chunk, [max, min])
+
+    def task(r0: int, r1: int) -> None:
+        c = x[r0:r1]
+        part[r0 // CHUNK_ELEMS, 0] = c.amax()
+        part[r0 // CHUNK_ELEMS, 1] = c.amin()
+
+    parallel_rows(n, 1, task)
+    return float(part[:, 0].amax()), float(part[:, 1].amin())
+
+
+def cast_flat(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """dst.copy_(src) for 1-D tensors of equal length (a dtype cast), chunk by chunk on the pool."""
+
+    def task(r0: int, r1: int) -> None:
+        dst[r0:r1].copy_(src[r0:r1])
+
+    parallel_rows(src.numel(), 1, task)

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from geotrain.compression import blockwise as bw
+from geotrain.compression import kernels
 from geotrain.compression.base import (
     Buffer,
     Codec,
@@ -93,11 +94,14 @@ class TopKCodec(Codec):
         rows = flat.view(nc, c)  # (nc, c)
         idx = torch.empty(nc, k, dtype=torch.int64)
         vals = torch.empty(nc, k, dtype=torch.float32)
-        for r0, r1 in bw.row_chunks(nc, c):
+
+        def select(r0: int, r1: int) -> None:
             # |x| of ~4 MiB at a time: a full-size |x| temporary would cost more than topk itself
             _, i = torch.topk(rows[r0:r1].abs(), k, dim=1, sorted=False)  # NaN ranks first
             idx[r0:r1] = i
             vals[r0:r1] = torch.gather(rows[r0:r1], 1, i)  # signed values, cast to fp32
+
+        kernels.parallel_rows(nc, c, select)
         meta: dict[str, Any] = {"shape": list(x.shape), "dtype": dtype_name(x.dtype), "chunk": c, "k": k}
         if not bool(torch.isfinite(vals).all()):
             raise_nonfinite(self.spec)
@@ -130,10 +134,14 @@ class TopKCodec(Codec):
         index = idx.to(torch.int64).view(nc, k)
         if c < 65536 and index.numel() and int(index.max()) >= c:
             raise CodecError(f"{self.name}: index beyond the chunk of {c}; the encoding is corrupted")
-        out = torch.zeros(nc * c, dtype=torch.float32)  # (nc * c,)
-        out.view(nc, c).scatter_(1, index, vals.view(nc, k))
-        out = out[:numel]
-        return (out if dtype == torch.float32 else out.to(dtype)).view(shape)
+        full = torch.empty(nc * c, dtype=dtype)  # (nc * c,): the last chunk's padding is cut below
+        rows, kept = full.view(nc, c), vals.view(nc, k)
+
+        def scatter(r0: int, r1: int) -> None:
+            rows[r0:r1].zero_().scatter_(1, index[r0:r1], kept[r0:r1].to(dtype))
+
+        kernels.parallel_rows(nc, c, scatter)
+        return full[:numel].view(shape)
 
     def estimate_ratio(self, numel: int, dtype: torch.dtype) -> float:
         if numel <= 0:
