@@ -243,6 +243,7 @@ class JobSpec:
                 get_codec(spec)
             except ValueError as e:
                 raise ConfigError(f"{where}: {e}") from None
+        self.data.data_config()  # validates source/path/sizes
         if self.model.loader is None:
             cfg = self.model.gpt_config()
             if isinstance(self.pipeline.stages, int) and self.pipeline.stages > cfg.num_blocks:
