@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_coordinator(
-    job_path: str | Path,
+    job_path: str | Path | None,
     *,
     initial_peers: list[str],
     job_id: str | None = None,
@@ -60,7 +60,9 @@ def run_coordinator(
     from geotrain.swarm import Swarm, SwarmConfig
     from geotrain.transport import Transport, TransportConfig
 
-    spec = job if job is not None else load_job(job_path)
+    if job is None and job_path is None:
+        raise ValueError("run_coordinator needs a job file path or a JobSpec")
+    spec = job if job is not None else load_job(job_path)  # type: ignore[arg-type]
     if resume is not None:
         spec = dataclasses.replace(spec, checkpoint=dataclasses.replace(spec.checkpoint, dir=str(resume)))
     job_id = job_id or f"{spec.job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -84,7 +86,12 @@ def run_coordinator(
                 emit=emit,
             )
             if stop is not None:
-                threading.Thread(target=lambda: (stop.wait(), coord.stop()), daemon=True).start()
+
+                def relay() -> None:
+                    stop.wait()
+                    coord.stop()
+
+                threading.Thread(target=relay, daemon=True).start()
             return coord.run()
         finally:
             transport.close()

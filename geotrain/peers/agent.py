@@ -363,11 +363,11 @@ class PeerAgent:
             r = regions.get(dst)
             if r is not None:
                 by_region[r] = by_region.get(r, 0.0) + n
-        for r, n in list(by_region.items())[:16]:
-            stats[f"to:{r}"] = float(n)
+        for region, total in list(by_region.items())[:16]:
+            stats[f"to:{region}"] = float(total)
         # inbound messages the data plane refused, by reason: hostile or broken traffic shows up here
-        for reason, n in sorted(tstats.dropped.items())[:16]:
-            stats[f"drop:{reason}"] = float(n)
+        for reason, count in sorted(tstats.dropped.items())[:16]:
+            stats[f"drop:{reason}"] = float(count)
         try:
             self.swarm.publish_progress(
                 ProgressRecord(

@@ -105,7 +105,7 @@ def _entries(d: Path) -> list[dict[str, Any]]:
 
 
 def _covers(entries: list[dict[str, Any]], num_blocks: int) -> bool:
-    held = set()
+    held: set[int] = set()
     for m in entries:
         a, b = m["blocks"]
         held.update(range(a, b))

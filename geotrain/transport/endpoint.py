@@ -454,6 +454,21 @@ class Transport:
             poller.register(remote.monitor, zmq.POLLIN)
         return True
 
+    def _is_monitor(self, sock: Any, by_socket: dict[Any, str]) -> bool:
+        peer = by_socket.get(sock)
+        remote = self._remotes.get(peer) if peer is not None else None
+        return remote is not None and sock is remote.monitor
+
+    def _on_handshake_failed(self, peer: str, monitor: zmq.Socket[Any], redials: dict[str, float]) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        event: Any = recv_monitor_message(monitor)
+        remote = self._remotes[peer]
+        logger.info("handshake with %s refused (event %s); dialing again in %.1fs",
+                    peer, event.get("event"), remote.redial_s)
+        redials[peer] = time.monotonic() + remote.redial_s
+        remote.redial_s = min(remote.redial_s * 2, 8.0)
+
     @staticmethod
     def _hang_up(remote: _Remote, poller: zmq.Poller, by_socket: dict[Any, str]) -> None:
         if remote.monitor is not None and remote.socket is not None:
@@ -513,15 +528,9 @@ class Transport:
                         running = self._run_commands(poller, by_socket, timers, seq)
                     elif sock is inbox:
                         self._receive(sock, routed=True)
-                    elif (peer := by_socket.get(sock)) is not None and sock is getattr(self._remotes.get(peer), "monitor", None):
-                        from zmq.utils.monitor import recv_monitor_message
-
-                        event = recv_monitor_message(sock)
-                        remote = self._remotes[peer]
-                        logger.info("handshake with %s refused (event %s); dialing again in %.1fs",
-                                    peer, event.get("event"), remote.redial_s)
-                        redials[peer] = time.monotonic() + remote.redial_s
-                        remote.redial_s = min(remote.redial_s * 2, 8.0)
+                    elif self._is_monitor(sock, by_socket):
+                        peer = by_socket[sock]
+                        self._on_handshake_failed(peer, sock, redials)
                     else:
                         if flags & zmq.POLLIN:
                             self._receive(sock, routed=False)
@@ -532,8 +541,8 @@ class Transport:
                     self._flush(peer, poller, timers, seq)
                 for peer in [p for p, t in redials.items() if t <= time.monotonic()]:
                     del redials[peer]
-                    remote = self._remotes.get(peer)
-                    if remote is not None and self._dial(peer, remote, poller, by_socket):
+                    again = self._remotes.get(peer)
+                    if again is not None and self._dial(peer, again, poller, by_socket):
                         self._flush(peer, poller, timers, seq)
         finally:
             for remote in self._remotes.values():
