@@ -33,6 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--swarm-key", default=None, metavar="FILE", help="swarm key of a closed swarm (geotrain keygen)")
     p.add_argument("--resume", default=None, metavar="DIR",
                    help="continue from the newest complete checkpoint in DIR (and keep checkpointing there)")
+    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics (0: any free port)")
     p.add_argument("--json", action="store_true", help="JSON lines instead of the live view")
     p.set_defaults(handler=_run)
 
@@ -111,14 +113,38 @@ def _run(args: argparse.Namespace) -> int:
         report_dir=args.report_dir, host=args.host, swarm_name=args.swarm, egress_usd_per_gb=args.egress, stop=stop,
         resume=args.resume, swarm_key=args.swarm_key,
     )
-    if args.json:
-        report = run_coordinator(args.job, emit=lambda e: print(json.dumps(e, default=str), flush=True), **kwargs)
-    else:
-        from geotrain.coordinator.live import LiveView
+    metrics = None
+    if args.metrics_port is not None:
+        from geotrain.coordinator.metrics import MetricsServer
 
-        with LiveView() as view:
-            report = run_coordinator(args.job, emit=view, **kwargs)
-        print_summary(report)
+        metrics = MetricsServer(port=args.metrics_port).start()
+    try:
+        if args.json:
+            def emit(e: dict[str, Any]) -> None:
+                print(json.dumps(e, default=str), flush=True)
+                if metrics is not None:
+                    metrics(e)
+
+            if metrics is not None:
+                emit({"event": "metrics", "url": metrics.address})
+            report = run_coordinator(args.job, emit=emit, **kwargs)
+        else:
+            from geotrain.coordinator.live import LiveView
+
+            with LiveView() as view:
+                if metrics is not None:
+                    view({"event": "start", "metrics": metrics.address})
+
+                def fan(e: dict[str, Any]) -> None:
+                    view(e)
+                    if metrics is not None:
+                        metrics(e)
+
+                report = run_coordinator(args.job, emit=fan, **kwargs)
+            print_summary(report)
+    finally:
+        if metrics is not None:
+            metrics.close()
     return 0 if report["summary"].get("val_loss_final") is not None or report["loss"] else 1
 
 
