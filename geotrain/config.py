@@ -330,13 +330,17 @@ def load_job(path: str | Path) -> JobSpec:
     """Read and validate a TOML job file."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError(f"cannot read job file {p}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"job file {p} is not UTF-8 text (byte {e.start}); write it as TOML") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{p} is not valid TOML: {e}") from None
+    except RecursionError:  # tomllib recurses per nesting level: a hostile file nests thousands deep
+        raise ConfigError(f"{p} nests arrays or tables too deeply to be a job file") from None
     try:
         return job_from_dict(data)
     except ConfigError as e:

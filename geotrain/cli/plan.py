@@ -42,6 +42,10 @@ def load_scenario(path: str) -> Any:
         raise ScenarioError(f"cannot read scenario {path!r}: {e.strerror}") from None
     except json.JSONDecodeError as e:
         raise ScenarioError(f"scenario {path!r} is not valid JSON: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ScenarioError(f"scenario {path!r} is not UTF-8 text (byte {e.start}); write it as JSON") from None
+    except RecursionError:  # json recurses per nesting level: a hostile file nests thousands deep
+        raise ScenarioError(f"scenario {path!r} nests arrays or objects too deeply to be a scenario") from None
     try:
         return Scenario.from_dict(raw)
     except ScenarioError as e:

@@ -133,11 +133,18 @@ def load_topology(path: str | Path) -> Topology:
         text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise ScenarioError(f"cannot read scenario file {p}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ScenarioError(f"scenario file {p} is not UTF-8 text (byte {e.start}); write it as JSON") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise ScenarioError(f"scenario file {p} is not valid JSON: {e}") from None
-    return topology_from_dict(data)
+    except RecursionError:  # json recurses per nesting level: a hostile file nests thousands deep
+        raise ScenarioError(f"scenario file {p} nests arrays or objects too deeply") from None
+    try:
+        return topology_from_dict(data)
+    except ScenarioError as e:
+        raise ScenarioError(f"{p}: {e}") from None
 
 
 def topology_from_scenario(scenario: Any) -> Topology:
