@@ -90,6 +90,39 @@ def make_scales(amax: torch.Tensor, qmax: float, scale: str, *, codec: str) -> t
     return sent, sent.float()
 
 
+def encode_blocks(flat: torch.Tensor, layout: Layout, qmax: float, scale: str, kind: str,
+                  codes: torch.Tensor, *, codec: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize the full blocks of ``flat`` into ``codes`` (one row per block, see
+    :func:`kernels.quantize_chunk`); return (scales as sent, their fp32 values), tail's included.
+
+    With bf16/fp32 scales each chunk is one task: absmax, scales and codes while the
+    chunk is in cache (one read of the input from memory). fp16 scales may fall back
+    to fp32 for the whole encoding, so there all scales come first, then the codes.
+    """
+    nf, b = layout.nfull, layout.block
+    if scale == "fp16":
+        sent, scales = make_scales(absmax(flat, layout), qmax, scale, codec=codec)
+        if nf:
+            kernels.quantize_rows(flat[: nf * b].view(nf, b), inverse(scales)[:nf], codes, kind=kind)
+        return sent, scales
+    sent = torch.empty(layout.nblocks, dtype=SCALE_DTYPES[scale])
+    if nf:
+        x = flat[: nf * b].view(nf, b)  # (nfull, block)
+
+        def task(r0: int, r1: int) -> None:
+            c = x[r0:r1]
+            amax = torch.maximum(c.amax(dim=1), c.amin(dim=1).neg()).float()  # (rows,)
+            chunk_sent, chunk_scales = make_scales(amax, qmax, scale, codec=codec)
+            sent[r0:r1] = chunk_sent
+            kernels.quantize_chunk(c, inverse(chunk_scales), codes[r0:r1], kind)
+
+        kernels.parallel_rows(nf, b, task)
+    if layout.tail:
+        tail_amax = flat[nf * b :].abs().amax().float().reshape(1)
+        sent[nf:] = make_scales(tail_amax, qmax, scale, codec=codec)[0]
+    return sent, sent.float()
+
+
 def inverse(scales: torch.Tensor) -> torch.Tensor:
     """1/scale, with 0 for all-zero blocks (their codes become 0)."""
     return torch.where(scales > 0, scales.reciprocal(), torch.zeros_like(scales))

@@ -110,13 +110,11 @@ class Int4Codec(Codec):
         x = check_input(x)
         flat = x.reshape(-1)  # (N,)
         layout = bw.Layout(flat.numel(), self.config.block)
-        sent, scales = bw.make_scales(bw.absmax(flat, layout), self._qmax, self.config.scale, codec=self.spec)
-        inv = bw.inverse(scales)  # (nblocks,)
         packed = torch.empty((layout.numel + 1) // 2, dtype=torch.uint8)  # (ceil(N/2),)
         nf, b = layout.nfull, layout.block
-        if nf:
-            dst = packed[: nf * b // 2].view(nf, b // 2)
-            kernels.quantize_rows(flat[: nf * b].view(nf, b), inv[:nf], dst, kind=self._kind)
+        dst = packed[: nf * b // 2].view(nf, b // 2)
+        sent, scales = bw.encode_blocks(flat, layout, self._qmax, self.config.scale, self._kind, dst, codec=self.spec)
+        inv = bw.inverse(scales)  # (nblocks,)
         if layout.tail:
             codes = self._codes(flat[nf * b :].float() * inv[-1])
             if codes.numel() % 2:  # pad with the code of 0.0 to fill the last byte

@@ -66,14 +66,14 @@ class Int8Codec(Codec):
         x = check_input(x)
         flat = x.reshape(-1)  # (N,)
         layout = bw.Layout(flat.numel(), self.config.block)
-        sent, scales = bw.make_scales(bw.absmax(flat, layout), QMAX, self.config.scale, codec=self.spec)
-        inv = bw.inverse(scales)  # (nblocks,)
         codes = torch.empty(layout.numel, dtype=torch.int8)  # (N,)
         nf, b = layout.nfull, layout.block
-        if nf:
-            kernels.quantize_rows(flat[: nf * b].view(nf, b), inv[:nf], codes[: nf * b].view(nf, b))
+        sent, scales = bw.encode_blocks(
+            flat, layout, QMAX, self.config.scale, "int8", codes[: nf * b].view(nf, b), codec=self.spec
+        )
         if layout.tail:
-            codes[nf * b :].copy_((flat[nf * b :].float() * inv[-1]).round_().clamp_(-QMAX, QMAX))
+            inv = bw.inverse(scales[-1:])
+            codes[nf * b :].copy_((flat[nf * b :].float() * inv).round_().clamp_(-QMAX, QMAX))
         meta: dict[str, Any] = {
             "shape": list(x.shape),
             "dtype": dtype_name(x.dtype),

@@ -29,7 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-__all__ = ["CHUNK_ELEMS", "absmax_rows", "cast_flat", "dequantize_rows", "minmax_flat", "parallel_rows", "quantize_rows"]
+__all__ = ["CHUNK_ELEMS", "absmax_rows", "cast_flat", "dequantize_rows", "minmax_flat", "parallel_rows", "quantize_chunk",
+           "quantize_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -138,33 +139,37 @@ def absmax_rows(x: torch.Tensor, out: torch.Tensor) -> None:
     parallel_rows(x.shape[0], x.shape[1], task)
 
 
-def quantize_rows(x: torch.Tensor, inv: torch.Tensor, codes: torch.Tensor, *, kind: str = "int8") -> None:
-    """Quantize a (rows, block) tensor with per-row ``inv = 1 / scale`` into ``codes``.
+def quantize_chunk(x: torch.Tensor, inv: torch.Tensor, codes: torch.Tensor, kind: str) -> None:
+    """Quantize one (rows, block) chunk with per-row ``inv = 1 / scale`` into ``codes``, in this thread.
 
     - ``int8``: codes (rows, block) int8 = round(x * inv), |x * inv| <= 127;
     - ``int4``: nibble ``round(x * inv) + 8`` (|x * inv| <= 7), two per byte: codes (rows, block / 2) uint8;
     - ``e2m1``: nibble ``sign * 8 + E2M1 index of |x * inv|`` (<= 6), two per byte.
     Element 2i of a row goes to the high nibble of byte i.
     """
-    block = x.shape[1]
+    t = _scratch(x.shape[0], x.shape[1])  # (rows, block) fp32, in cache
+    if kind == "e2m1":
+        torch.mul(x, inv[:, None], out=t)
+        sign = t.view(torch.int32).bitwise_right_shift(28).bitwise_and_(8).to(torch.uint8)
+        quarter = t.abs_().mul_(4.0).to(torch.int32).clamp_(max=24)
+        u = _E2M1_BY_QUARTER[quarter].bitwise_or_(sign)
+    else:
+        torch.addcmul(_MAGIC, x, inv[:, None], out=t)
+        low = t.view(torch.int32)  # its low byte is the int8 value of round(x * inv)
+        if kind == "int8":
+            codes.copy_(low)  # int32 -> int8 keeps the low byte
+            return
+        u = low.to(torch.uint8).add_(8)  # 1..15 (uint8 arithmetic wraps)
+    torch.add(u[:, 1::2], u[:, 0::2], alpha=16, out=codes)
+
+
+def quantize_rows(x: torch.Tensor, inv: torch.Tensor, codes: torch.Tensor, *, kind: str = "int8") -> None:
+    """:func:`quantize_chunk` over a whole (rows, block) tensor, chunk by chunk on the pool."""
 
     def task(r0: int, r1: int) -> None:
-        t = _scratch(r1 - r0, block)  # (rows, block) fp32, in cache
-        if kind == "e2m1":
-            torch.mul(x[r0:r1], inv[r0:r1, None], out=t)
-            sign = t.view(torch.int32).bitwise_right_shift(28).bitwise_and_(8).to(torch.uint8)
-            quarter = t.abs_().mul_(4.0).to(torch.int32).clamp_(max=24)
-            u = _E2M1_BY_QUARTER[quarter].bitwise_or_(sign)
-        else:
-            torch.addcmul(_MAGIC, x[r0:r1], inv[r0:r1, None], out=t)
-            low = t.view(torch.int32)  # its low byte is the int8 value of round(x * inv)
-            if kind == "int8":
-                codes[r0:r1].copy_(low)  # int32 -> int8 keeps the low byte
-                return
-            u = low.to(torch.uint8).add_(8)  # 1..15 (uint8 arithmetic wraps)
-        torch.add(u[:, 1::2], u[:, 0::2], alpha=16, out=codes[r0:r1])
+        quantize_chunk(x[r0:r1], inv[r0:r1], codes[r0:r1], kind)
 
-    parallel_rows(x.shape[0], block, task)
+    parallel_rows(x.shape[0], x.shape[1], task)
 
 
 def dequantize_rows(codes: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, *,
