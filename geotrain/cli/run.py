@@ -157,11 +157,17 @@ def print_summary(report: dict[str, Any]) -> None:
     t.add_column("figure")
     t.add_column("value", justify="right")
 
-    def fmt(v: Any) -> str:
+    def fmt(key: str, v: Any) -> str:
+        if v is None:
+            return "-"
+        if "bytes" in key:
+            return f"{v / 1e6:,.2f} MB"
+        if key.startswith("usd"):
+            return f"${v:,.4f}"
         if isinstance(v, float):
-            return f"{v:,.4g}"
-        return "-" if v is None else f"{v:,}" if isinstance(v, int) else str(v)
+            return f"{v:,.4g}" if abs(v) < 1000 else f"{v:,.0f}"
+        return f"{v:,}" if isinstance(v, int) else str(v)
 
     for k, v in s.items():
-        t.add_row(k, fmt(v))
+        t.add_row(k, fmt(k, v))
     Console().print(t)

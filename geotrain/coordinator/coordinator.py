@@ -179,8 +179,10 @@ class Coordinator:
                 "start_step": start_step,
             }
         )
+        layout = [" -> ".join(f"{s.region}[{s.start}:{s.end})" for s in pipe) for pipe in plan.pipelines]
         self._event("replan" if version > 1 else "plan", version=version, reason=reason,
                     pipelines=len(plan.pipelines), stages=[len(p) for p in plan.pipelines],
+                    layout=layout, spares=len(plan.spares),
                     predicted_tokens_per_s=plan.predicted.get("tokens_per_s"))
         return plan
 

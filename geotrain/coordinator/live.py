@@ -46,8 +46,14 @@ class LiveView:
             self._plan = event
             self._log(
                 f"[cyan]{kind}[/] v{event['version']} ({event.get('reason')}): {event.get('pipelines')} pipelines x "
-                f"{event.get('stages')} stages, predicted {event.get('predicted_tokens_per_s') or 0:.0f} tokens/s"
+                f"{event.get('stages')} stages, {event.get('spares', 0)} spares, "
+                f"predicted {event.get('predicted_tokens_per_s') or 0:.0f} tokens/s"
             )
+            for i, line in enumerate(event.get("layout", [])):
+                self._log(f"      pipeline {i}: {line}")
+        elif kind == "validation":
+            self._log(f"[magenta]validation[/] global model at step {event['step']} (round {event['round']}): "
+                      f"loss {event['loss']:.3f}")
         elif kind == "death":
             self._log(f"[red]death[/] {event['peer_id'][:12]}")
         elif kind in ("stop", "reattach", "error", "start"):
@@ -57,7 +63,7 @@ class LiveView:
 
     def _log(self, line: str) -> None:
         self._lines.append(f"[dim]{time.time() - self._started:7.1f}s[/] {line}")
-        self._lines = self._lines[-12:]
+        self._lines = self._lines[-16:]
 
     def _render(self) -> Group:
         table = Table(title="geotrain job", expand=False)
