@@ -246,7 +246,10 @@ def _neighbours(grid: Grid, spares: Sequence[str]) -> Iterable[tuple[Grid, list[
 
 def local_search(score: Scorer, start: Candidate, all_ids: Sequence[str], *, budget: int, rng: random.Random,
                  deadline: float) -> Candidate:
-    """First-improvement swaps (peer-peer and peer-spare) until a local optimum, the budget or the deadline."""
+    """Swaps (peer-peer and peer-spare) until a local optimum, the budget or the deadline.
+
+    Steepest descent when the whole neighbourhood fits the budget, else sampled first improvement.
+    """
     best = start
     used = {q for row in best.grid for q in row}
     spares = [q for q in all_ids if q not in used]
@@ -257,11 +260,21 @@ def local_search(score: Scorer, start: Candidate, all_ids: Sequence[str], *, bud
     patience = max(200, 4 * n_cells)
     while spent < budget and time.monotonic() < deadline:
         if full:
-            moves: Iterable[tuple[Grid, list[str]]] = _neighbours(best.grid, spares)
-        else:
-            moves = (_random_move(best.grid, spares, rng) for _ in range(min(budget - spent, patience)))
+            # small neighbourhoods: steepest descent (first improvement walks into shallow optima)
+            step: tuple[Candidate, list[str]] | None = None
+            for g, sp in _neighbours(best.grid, spares):
+                spent += 1
+                c = score(g)
+                if c is not None and c.score < (step[0] if step else best).score - 1e-12 * abs(best.score):
+                    step = (c, sp)
+                if spent >= budget or time.monotonic() >= deadline:
+                    break
+            if step is None:
+                break
+            best, spares = step
+            continue
         improved = False
-        for g, sp in moves:
+        for g, sp in (_random_move(best.grid, spares, rng) for _ in range(min(budget - spent, patience))):
             spent += 1
             c = score(g)
             if c is not None and c.score < best.score - 1e-12 * abs(best.score):
@@ -288,16 +301,17 @@ def _random_move(grid: Grid, spares: Sequence[str], rng: random.Random) -> tuple
 
 
 def _orders(cm: CostModel, objective: Objective, peer_ids: Sequence[str]) -> list[list[str]]:
-    """Peer orders to pack from: by each ranking, then each region's peers first (best regions first)."""
-    ranks = rankings(cm, objective)
-    orders = [sorted(peer_ids, key=rank) for rank in ranks]
-    primary = orders[0]
+    """Peer orders to pack from: by each ranking, then by each ranking with one strong region first."""
+    ranked = [sorted(peer_ids, key=rank) for rank in rankings(cm, objective)]
+    orders = list(ranked)
     peers = cm.sc._peer
     power: dict[str, float] = {}
     for q in peer_ids:
         power[peers[q].region] = power.get(peers[q].region, 0.0) + peers[q].flops
-    for r in sorted(power, key=lambda r: (-power[r], r))[:4] if len(power) > 1 else []:
-        orders.append([q for q in primary if peers[q].region == r] + [q for q in primary if peers[q].region != r])
+    strong = sorted(power, key=lambda r: (-power[r], r))[:4] if len(power) > 1 else []
+    for base in ranked:
+        for r in strong:
+            orders.append([q for q in base if peers[q].region == r] + [q for q in base if peers[q].region != r])
     return orders
 
 
@@ -349,7 +363,7 @@ def heuristic(score: Scorer, peer_ids: Sequence[str], *, seed: int = 0, time_bud
     deadline = time.monotonic() + time_budget_s
     n = len(peer_ids)
     small = n <= 16
-    keep = keep if keep is not None else (8 if small else 3)
+    keep = keep if keep is not None else (1000 if n <= 10 else 8 if small else 3)
     orders = _orders(cm, score.objective, peer_ids)
     scan_orders = orders if small else orders[:1]
     by_stages: dict[int, list[int]] = {}
