@@ -16,6 +16,7 @@ twice or half. A peer that joins is folded in at the next plan version (after
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -143,6 +144,21 @@ class Coordinator:
             self._stop.wait(self.config.poll_s)
         raise SwarmError("stopped while waiting for peers")
 
+    def _first_plan(self, resume: int | None) -> None:
+        """Plan v1 once enough peers are here; retry while links are still being measured."""
+        deadline = time.monotonic() + self.job.swarm.wait_peers_s
+        while True:
+            peers = self.wait_for_peers()
+            try:
+                self.publish_plan(peers, start_step=resume or 0, reason="resume" if resume else "initial",
+                                  resume_step=resume)
+                return
+            except InfeasiblePlanError as e:
+                if time.monotonic() > deadline or self._stop.is_set():
+                    raise
+                logger.info("not plannable yet (%s); waiting for more link measurements", e)
+                self._stop.wait(self.config.poll_s * 2)
+
     def _next_version(self) -> int:
         mine = self.swarm.latest_plan(job_id=self.config.job_id, publisher=self.swarm.peer_id)
         return max(mine.version if mine else 0, self.plan.version if self.plan else 0) + 1
@@ -217,9 +233,7 @@ class Coordinator:
         self.publish_job()
         if self.reattach() is None:
             resume = self._resume_step()
-            peers = self.wait_for_peers()
-            self.publish_plan(peers, start_step=resume or 0, reason="resume" if resume else "initial",
-                              resume_step=resume)
+            self._first_plan(resume)
         assert self.plan is not None
         last_job_publish = time.monotonic()
         missing_since: dict[str, float] = {}
@@ -365,18 +379,20 @@ class Coordinator:
         return s.usd is not None and self._usd()["total"] >= s.usd
 
     def _request_stop(self, progress: dict[str, ProgressRecord]) -> None:
-        """Stop early (tokens / wall time / budget): same pipelines, stop a little after the furthest step."""
+        """Stop early (tokens / wall time / budget): the same plan version, a stop step just ahead.
+
+        The plan's structure does not change, so peers only move their stop;
+        nothing is rebuilt and no step is trained twice.
+        """
         assert self.plan is not None
-        furthest = max((p.step for p in progress.values() if p.job_id == self.config.job_id), default=0)
-        stop_at = furthest + 2
+        furthest = max((p.step for p in progress.values()), default=self.plan.start_step)
+        stop_at = max(furthest + 2, self.plan.start_step)
         if self.plan.stop_step is not None and self.plan.stop_step <= stop_at:
             return
-        d = self.plan.to_dict()
-        d["version"] = self._next_version()
-        d["stop_step"] = stop_at
-        d["start_step"] = self.plan.start_step
-        new = JobPlan.from_dict(d)
-        self.swarm.publish_plan(PlanRecord(job_id=self.config.job_id, version=new.version, plan=d, published_at=time.time()))
+        new = dataclasses.replace(self.plan, stop_step=stop_at)
+        self.swarm.publish_plan(
+            PlanRecord(job_id=self.config.job_id, version=new.version, plan=new.to_dict(), published_at=time.time())
+        )
         self.plan = new
         self._event("stop", version=new.version, stop_step=stop_at)
 
@@ -431,7 +447,8 @@ class Coordinator:
             "tokens": tokens,
             "tokens_per_s": tokens / wall if wall > 0 else 0.0,
             "plan_versions": len(r.plans),
-            "rounds": min((p.round for p in r.last_progress.values()), default=0),
+            "rounds": min((p.round for pid, p in r.last_progress.items()
+                           if self.plan is not None and pid in set(self.plan.peers)), default=0),
             "deaths": sum(1 for e in r.events if e["kind"] == "death"),
             "train_loss_first": r.loss[0]["loss"] if r.loss else None,
             "train_loss_last": r.loss[-1]["loss"] if r.loss else None,

@@ -21,6 +21,7 @@ step, and the next plan restarts every peer from committed global state.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -58,7 +59,7 @@ class AgentConfig:
     device: str = "cpu"
     probe_every_s: float = 60.0
     probe: ProbeConfig = field(default_factory=ProbeConfig)
-    poll_s: float = 0.5
+    poll_s: float = 1.0
     progress_every_s: float = 1.0
     stall_wait_s: float = 120.0
     job_id: str | None = None
@@ -90,6 +91,11 @@ class PeerAgent:
         self._job: JobSpec | None = None
         self._job_key: tuple[str, str] | None = None  # (publisher, job id) of the parsed job
         self._status = "idle"
+        self._lock = threading.Lock()
+        self._latest: tuple[JobSpec, str, JobPlan] | None = None  # newest (job, id, plan) the watcher saw
+        self._news = threading.Event()  # set by the watcher when it read the DHT
+        self._step_now = 0  # steps completed under the current plan (for progress)
+        self._metrics: Any = None  # the last inner step's StepMetrics
         self._device = config.device  # torch device the stage trains on ("auto" resolved at start)
         self._allowed_seen: dict[bytes, float] = {}  # CURVE key -> last seen in a verified record
         self._job_baseline: Any = None  # transport counters when this peer joined the current job
@@ -221,41 +227,57 @@ class PeerAgent:
             return None
         return job, rec.job_id, plan
 
-    def run(self) -> int:
-        """The main loop; returns when ``stop()`` is called or the job finished. Exit code."""
-        step = 0
-        last_progress = 0.0
-        last_poll = 0.0
-        stalled_since: float | None = None
-        metrics: Any = None
-        finished_plan: tuple[str, int] | None = None
+    def _watch_loop(self) -> None:
+        """Background: read the job and its newest plan every ``poll_s`` (DHT reads stay off the training thread)."""
         while not self._stop.is_set():
-            now = time.monotonic()
-            if now - last_poll >= self.config.poll_s or self._worker is None:
-                last_poll = now
-                try:
-                    current = self._current()
-                except GeotrainError as e:
-                    logger.info("could not read job/plan: %s", e)
-                    current = None
-                if current is not None:
-                    job, job_id, plan = current
-                    if self._plan is None or plan.version > self._plan.version or plan.job_id != self._plan.job_id:
-                        step = self._adopt(job, plan, step)
-                        stalled_since = None
+            try:
+                current = self._current()
+            except GeotrainError as e:
+                logger.info("could not read job/plan: %s", e)
+                current = None
+            if current is not None:
+                with self._lock:
+                    self._latest = current
+                self._news.set()
+            self._stop.wait(self.config.poll_s)
+
+    def _progress_loop(self) -> None:
+        """Background: publish this peer's progress every ``progress_every_s``."""
+        while not self._stop.wait(self.config.progress_every_s):
+            self._publish_progress(self._step_now, self._metrics)
+
+    def run(self) -> int:
+        """The main loop; returns when ``stop()`` is called. Exit code."""
+        for target, name in ((self._watch_loop, "watch"), (self._progress_loop, "progress")):
+            t = threading.Thread(target=target, name=f"gt-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        step = 0
+        stalled_since: float | None = None
+        while not self._stop.is_set():
+            with self._lock:
+                current = self._latest
+            if current is not None:
+                job, _, plan = current
+                mine = self._plan
+                if mine is None or plan.job_id != mine.job_id or plan.version > mine.version:
+                    step = self._adopt(job, plan, step)
+                    stalled_since = None
+                elif plan.version == mine.version and plan.stop_step != mine.stop_step:
+                    # the coordinator moved the stop (tokens, time or budget reached): nothing to rebuild
+                    self._plan = dataclasses.replace(mine, stop_step=plan.stop_step)
             if self._worker is None or self._plan is None:
-                if finished_plan is not None and self._plan is not None and (self._plan.job_id, self._plan.version) != finished_plan:
-                    finished_plan = None
-                self._stop.wait(self.config.poll_s)
+                self._news.wait(self.config.poll_s)
+                self._news.clear()
                 continue
             stop_step = self._plan.stop_step
             if stop_step is not None and step >= stop_step:
-                self._finish(step, metrics)
-                finished_plan = (self._plan.job_id, self._plan.version)
+                self._finish(step)
                 continue
             try:
-                metrics = self._worker.step(step)
+                self._metrics = self._worker.step(step)
                 step += 1
+                self._step_now = step
                 self._status = "training"
             except (PipelineError, SyncError, TransportError, StateTransferError) as e:
                 # a neighbour died or timed out: wait for the coordinator's next plan
@@ -263,17 +285,14 @@ class PeerAgent:
                     stalled_since = time.monotonic()
                     self._emit({"event": "stalled", "peer_id": self.peer_id, "step": step, "error": str(e)})
                     logger.warning("step %d failed: %s; waiting for a new plan", step, e)
-                self._status = "stalled"
+                    self._status = "stalled"
+                    self._publish_progress(step, self._metrics)
                 if time.monotonic() - stalled_since > self.config.stall_wait_s:
                     logger.error("no new plan within %.0fs of a failure; leaving the job", self.config.stall_wait_s)
                     self._retire()
-                self._publish_progress(step, metrics, force=True)
-                self._stop.wait(min(2.0, self.config.poll_s * 2))
-                last_poll = 0.0
-                continue
-            if time.monotonic() - last_progress >= self.config.progress_every_s:
-                last_progress = time.monotonic()
-                self._publish_progress(step, metrics)
+                # back off until the watcher brings news, then retry the step or adopt the new plan
+                self._news.wait(min(2.0, self.config.poll_s * 2))
+                self._news.clear()
         self._retire()
         return 0
 
@@ -298,6 +317,7 @@ class PeerAgent:
             self._emit({"event": "spare", "peer_id": self.peer_id, "plan_version": plan.version})
             return step
         start = plan.start_step
+        self._step_now = start
         self._worker = StageWorker(
             job,
             plan,
@@ -321,15 +341,16 @@ class PeerAgent:
         )
         return start
 
-    def _finish(self, step: int, metrics: Any) -> None:
+    def _finish(self, step: int) -> None:
         if self._status != "done":
             self._status = "done"
             assert self._worker is not None
             self._last_state = self._worker.state()
-            self._publish_progress(step, metrics, force=True)
+            self._step_now = step
+            self._publish_progress(step, self._metrics)
             self._emit({"event": "done", "peer_id": self.peer_id, "step": step})
-        self._publish_progress(step, metrics)
-        self._stop.wait(self.config.poll_s)
+        self._news.wait(self.config.poll_s)
+        self._news.clear()
 
     def _retire(self) -> None:
         if self._worker is not None:
@@ -337,7 +358,7 @@ class PeerAgent:
             self._worker.close()
             self._worker = None
 
-    def _publish_progress(self, step: int, metrics: Any, *, force: bool = False) -> None:
+    def _publish_progress(self, step: int, metrics: Any) -> None:
         if self._plan is None:
             return
         w = self._worker

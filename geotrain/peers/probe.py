@@ -26,10 +26,11 @@ BULK = "probe.bulk"
 @dataclass(frozen=True, kw_only=True)
 class ProbeConfig:
     pings: int = 7
-    start_bytes: int = 1 << 20
-    max_bytes: int = 8 << 20
+    start_bytes: int = 256 << 10
+    max_bytes: int = 4 << 20
     min_transfer_s: float = 0.05
-    rounds: int = 3
+    rounds: int = 2
+    ping_timeout_s: float = 3.0  # a peer that does not answer a ping this fast is skipped until the next round
     timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
@@ -63,7 +64,7 @@ def measure_link(transport: Transport, peer_id: str, config: ProbeConfig | None 
     rtts = []
     for _ in range(cfg.pings):
         t0 = time.perf_counter()
-        transport.request(peer_id, Message(kind=PING), timeout=cfg.timeout_s)
+        transport.request(peer_id, Message(kind=PING), timeout=cfg.ping_timeout_s)
         rtts.append(time.perf_counter() - t0)
     rtt = statistics.median(rtts)
 

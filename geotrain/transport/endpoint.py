@@ -100,13 +100,15 @@ class _Remote:
     server_key: bytes | None = None
     socket: zmq.Socket[Any] | None = None
     monitor: zmq.Socket[Any] | None = None  # CURVE only: tells us when a handshake was refused
-    redial_s: float = 0.5  # backoff before dialing again after a refused handshake
+    redial_s: float = 0.25  # backoff before dialing again after a refused handshake
+    refused: bool = False  # the last handshake was refused (and not yet redialled successfully)
     pending: collections.deque[_Outgoing] = field(default_factory=collections.deque)
 
 
 _HANDSHAKE_FAILED = (
     zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 )
+_HANDSHAKE_EVENTS = _HANDSHAKE_FAILED | zmq.EVENT_HANDSHAKE_SUCCEEDED
 
 
 class Transport:
@@ -449,7 +451,7 @@ class Transport:
         if self.config.curve is not None:
             # libzmq does not dial again after a refused CURVE handshake (we may not have been on the
             # peer's allow-list yet): watch for it and redial with backoff
-            remote.monitor = remote.socket.get_monitor_socket(_HANDSHAKE_FAILED)
+            remote.monitor = remote.socket.get_monitor_socket(_HANDSHAKE_EVENTS)
             by_socket[remote.monitor] = peer
             poller.register(remote.monitor, zmq.POLLIN)
         return True
@@ -459,15 +461,19 @@ class Transport:
         remote = self._remotes.get(peer) if peer is not None else None
         return remote is not None and sock is remote.monitor
 
-    def _on_handshake_failed(self, peer: str, monitor: zmq.Socket[Any], redials: dict[str, float]) -> None:
+    def _on_handshake_event(self, peer: str, monitor: zmq.Socket[Any], redials: dict[str, float]) -> None:
         from zmq.utils.monitor import recv_monitor_message
 
         event: Any = recv_monitor_message(monitor)
         remote = self._remotes[peer]
-        logger.info("handshake with %s refused (event %s); dialing again in %.1fs",
+        if event.get("event") == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            remote.refused, remote.redial_s = False, 0.25
+            return
+        remote.refused = True
+        logger.info("handshake with %s refused (event %s); dialing again in %.2fs",
                     peer, event.get("event"), remote.redial_s)
         redials[peer] = time.monotonic() + remote.redial_s
-        remote.redial_s = min(remote.redial_s * 2, 8.0)
+        remote.redial_s = min(remote.redial_s * 2, 2.0)
 
     @staticmethod
     def _hang_up(remote: _Remote, poller: zmq.Poller, by_socket: dict[Any, str]) -> None:
@@ -530,7 +536,7 @@ class Transport:
                         self._receive(sock, routed=True)
                     elif self._is_monitor(sock, by_socket):
                         peer = by_socket[sock]
-                        self._on_handshake_failed(peer, sock, redials)
+                        self._on_handshake_event(peer, sock, redials)
                     else:
                         if flags & zmq.POLLIN:
                             self._receive(sock, routed=False)
@@ -565,7 +571,7 @@ class Transport:
                 _, peer, address, region, server_key = cmd
                 remote = self._remotes.get(peer)
                 if (remote is not None and remote.address == address and remote.socket is not None
-                        and remote.server_key == server_key):
+                        and remote.server_key == server_key and not remote.refused):
                     remote.region = region or remote.region
                     continue
                 if remote is not None:
