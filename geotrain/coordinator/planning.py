@@ -97,7 +97,8 @@ def scenario_dict(
         "regions": regions,
         "links": link_list,
         "peers": peer_list,
-        "model": {"profile": profile, "seq_len": job.model.context, "dtype_bytes": 4},
+        "model": {"profile": profile, "seq_len": job.model.context, "dtype_bytes": 4,
+                  "tied_param_bytes": _tied_param_bytes(job)},
         "job": {
             "micro_batch": pipe.micro_batch_size,
             "micro_batches": pipe.microbatches,
@@ -109,6 +110,14 @@ def scenario_dict(
             "objective": job.objective.planner_objective(),
         },
     }
+
+
+def _tied_param_bytes(job: JobSpec) -> int:
+    """Bytes of weights tied across the first and last stage (their gradients are swapped every step)."""
+    if job.model.loader is not None:
+        return 0  # a user model's tied groups are not sized here; the planner leaves that traffic out
+    cfg = job.model.gpt_config()
+    return int(cfg.vocab_size * cfg.d_model * 4) if cfg.tie_embeddings else 0
 
 
 def hop_codecs(job: JobSpec, pipeline: list[StageSlot]) -> tuple[tuple[str, str], ...]:
