@@ -34,9 +34,6 @@ from geotrain.config import JobSpec, job_from_dict
 from geotrain.errors import (
     ConfigError,
     GeotrainError,
-    PipelineError,
-    StateTransferError,
-    SyncError,
     TransportError,
 )
 from geotrain.peers.probe import ProbeConfig, measure_link, serve_probes
@@ -85,6 +82,7 @@ class PeerAgent:
         self._record: PeerRecord | None = None
         self._links: dict[str, LinkMeasurement] = {}
         self._probed_at: dict[str, float] = {}
+        self._links_published_at = 0.0
         self._worker: Any = None  # StageWorker of the current plan
         self._last_state: Any = None  # StageState kept from the previous worker, for rebuilds
         self._plan: JobPlan | None = None
@@ -182,9 +180,8 @@ class PeerAgent:
                 self.transport.connect(pid, rec.endpoint, region=rec.region, curve_server_key=_curve_key(rec))
                 m = measure_link(self.transport, pid, self.config.probe)
             except (TransportError, ConfigError) as e:
+                # tried again next round (the transport redials a refused CURVE handshake on its own)
                 logger.info("probe of %s failed: %s", pid, e)
-                # start over next time: a refused CURVE handshake (we were not on its allow-list yet) is not retried
-                self.transport.disconnect(pid)
                 continue
             self._links[pid] = LinkMeasurement(bandwidth_bps=m.bandwidth_bps, rtt_s=m.rtt_s, measured_at=m.measured_at)
             self._probed_at[pid] = time.time()
@@ -194,8 +191,10 @@ class PeerAgent:
             if pid not in peers and now - self._links[pid].measured_at > self.swarm.config.record_ttl_s:
                 del self._links[pid]
                 changed = True
-        if changed or now - max(self._probed_at.values(), default=0.0) > self.swarm.config.record_ttl_s / 2:
+        # republish when something changed, and before the row's DHT lifetime runs out
+        if changed or now - self._links_published_at > self.swarm.config.record_ttl_s / 2:
             self.swarm.publish_links(LinkRow(src=self.peer_id, links=dict(self._links)))
+            self._links_published_at = now
             self._emit({"event": "links", "peer_id": self.peer_id, "count": len(self._links)})
 
     # -- following the job ------------------------------------------------------------------------
@@ -279,8 +278,8 @@ class PeerAgent:
                 step += 1
                 self._step_now = step
                 self._status = "training"
-            except (PipelineError, SyncError, TransportError, StateTransferError) as e:
-                # a neighbour died or timed out: wait for the coordinator's next plan
+            except GeotrainError as e:
+                # a neighbour died or timed out (or a checkpoint could not be written): wait for the next plan
                 if stalled_since is None:
                     stalled_since = time.monotonic()
                     self._emit({"event": "stalled", "peer_id": self.peer_id, "step": step, "error": str(e)})
@@ -318,27 +317,29 @@ class PeerAgent:
             return step
         start = plan.start_step
         self._step_now = start
-        self._worker = StageWorker(
-            job,
-            plan,
-            peer_id=self.peer_id,
-            transport=self.transport,
-            previous_state=self._last_state if self._last_state is not None and self._last_state.job_id == plan.job_id else None,
-            previous_plan=previous if previous is not None and previous.job_id == plan.job_id else None,
-            device=self._device,
-            links=dict(self._links),
-        )
+        same_job = previous is not None and previous.job_id == plan.job_id
+        kept = self._last_state if self._last_state is not None and self._last_state.job_id == plan.job_id else None
+        try:
+            self._worker = StageWorker(
+                job,
+                plan,
+                peer_id=self.peer_id,
+                transport=self.transport,
+                previous_state=kept,
+                previous_plan=previous if same_job else None,
+                device=self._device,
+                links=dict(self._links),
+            )
+        except GeotrainError as e:
+            # e.g. a checkpoint that cannot be read: this peer sits the plan out; the coordinator replans
+            logger.error("cannot take part in plan v%d: %s", plan.version, e)
+            self._status = "stalled"
+            self._emit({"event": "error", "peer_id": self.peer_id, "plan_version": plan.version, "error": str(e)})
+            return start
         self._status = "training"
-        self._emit(
-            {
-                "event": "plan",
-                "peer_id": self.peer_id,
-                "plan_version": plan.version,
-                "slot": list(plan.slot_of(self.peer_id) or ()),
-                "layers": list(plan.pipelines[plan.slot_of(self.peer_id)[0]][plan.slot_of(self.peer_id)[1]].layers),  # type: ignore[index]
-                "start_step": start,
-            }
-        )
+        p, s = plan.slot_of(self.peer_id) or (0, 0)
+        self._emit({"event": "plan", "peer_id": self.peer_id, "plan_version": plan.version, "slot": [p, s],
+                    "layers": list(plan.slot(p, s).layers), "start_step": start})
         return start
 
     def _finish(self, step: int) -> None:
