@@ -29,6 +29,9 @@ class SimConfig:
     replan_gain: float = 0.02  # a periodic replan must beat the running plan's score by this fraction
     planner_budget_s: float = 60.0  # wall-clock safety cap of the real planner per replan
     planner_moves: int = 200  # local-search evaluations per replan: bounds its cost, keeps runs deterministic
+    # fixed seconds per inner step on top of compute and links: optimizer step, data loading, framing,
+    # bookkeeping threads; 0 for large models, measured by ``benchmarks.simval`` for small ones
+    step_overhead_s: float = 0.0
     exact_pipelines: bool = True  # time pipelines with the event-level 1F1B (else the planner's closed form)
     sample_every_s: float = 600.0
     max_events: int = 2000  # events kept in the result (all are counted)
@@ -37,7 +40,8 @@ class SimConfig:
     def __post_init__(self) -> None:
         if not self.hours > 0:
             raise ConfigError(f"sim hours must be > 0; got {self.hours}")
-        for name in ("churn_per_hour", "rejoin_hours", "burst_per_hour", "straggler_sigma", "replan_s", "replan_gain"):
+        for name in ("churn_per_hour", "rejoin_hours", "burst_per_hour", "straggler_sigma", "replan_s", "replan_gain",
+                     "step_overhead_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"sim {name} must be >= 0; got {getattr(self, name)}")
         if not 0 < self.burst_fraction <= 1:

@@ -54,7 +54,8 @@ STATE_BYTES_PER_PARAM_EXTRA = 8.0  # a joiner pulls weights + DiLoCo anchor and 
 class Simulation:
     """One run of :class:`SimConfig` on a scenario; :meth:`run` returns a :class:`SimResult`."""
 
-    def __init__(self, scenario: Scenario, config: SimConfig, *, objective: Any = None) -> None:
+    def __init__(self, scenario: Scenario, config: SimConfig, *, objective: Any = None,
+                 initial_plan: Pipelines | None = None) -> None:
         self.sc = scenario if objective is None else dataclasses.replace(
             scenario, job=dataclasses.replace(scenario.job, objective=_objective(objective)))
         self.cfg = config
@@ -74,6 +75,8 @@ class Simulation:
         self._step_cache: dict[tuple[Any, ...], float] = {}
         self.tokens_per_step = self.cm.M * self.cm.m
         self.H = self.sc.job.sync_every
+        # a given first plan (e.g. the one a real run used, for validation) replaces the planner's first call
+        self._initial_plan = [list(p) for p in initial_plan] if initial_plan else None
 
     # -- events -----------------------------------------------------------------------------------
     def _push(self, t: float, kind: str, who: str) -> None:
@@ -119,10 +122,10 @@ class Simulation:
     # -- timing -----------------------------------------------------------------------------------
     def _step_s(self, pipe: Sequence[StageAssignment], closed_form: float) -> float:
         if not self.cfg.exact_pipelines:
-            return closed_form
+            return closed_form + self.cfg.step_overhead_s
         key = tuple((st.peer, st.layers) for st in pipe)
         if key not in self._step_cache:
-            self._step_cache[key] = simulate_step(timing_from_plan(self.cm, pipe))
+            self._step_cache[key] = simulate_step(timing_from_plan(self.cm, pipe)) + self.cfg.step_overhead_s
         return self._step_cache[key]
 
     def _set_plan(self, pipelines: Pipelines, now: float, blocked: list[float] | None = None) -> None:
@@ -244,7 +247,16 @@ class Simulation:
             self._schedule_leave(q, 0.0)
         if cfg.burst_per_hour > 0:
             self._push(self.rng.expovariate(cfg.burst_per_hour) * 3600.0, "burst", self.rng.choice(sorted(self.sc.regions)))
-        t = self._replan(0.0, "start")
+        if self._initial_plan is not None:
+            self.version, self.stages, self.last_replan = 1, len(self._initial_plan[0]), 0.0
+            self._alive_at_plan = frozenset(self.alive)
+            self._set_plan(self._initial_plan, 0.0)
+            res.replans += 1
+            res.event(0.0, "replan", version=1, reason="given", pipelines=len(self.pipelines),
+                      stages=self.stages, pause_s=0.0)
+            t = 0.0
+        else:
+            t = self._replan(0.0, "start")
         while t < end:
             if not self.pipelines or self.pred is None:
                 nxt = self.events[0][0] if self.events else end
@@ -323,6 +335,11 @@ def _objective(raw: Any) -> Any:
     return Objective.parse(raw)
 
 
-def simulate(scenario: Scenario, config: SimConfig | None = None, *, objective: Any = None) -> SimResult:
-    """Simulate ``scenario``'s job under ``config`` (see the module docstring)."""
-    return Simulation(scenario, config or SimConfig(), objective=objective).run()
+def simulate(scenario: Scenario, config: SimConfig | None = None, *, objective: Any = None,
+             initial_plan: Pipelines | None = None) -> SimResult:
+    """Simulate ``scenario``'s job under ``config`` (see the module docstring).
+
+    ``initial_plan``: start from these pipelines instead of the planner's first plan (validation
+    against a real run uses the plan that run trained with).
+    """
+    return Simulation(scenario, config or SimConfig(), objective=objective, initial_plan=initial_plan).run()
