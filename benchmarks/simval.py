@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--from", dest="from_dir", default=None, help="re-analyse runs kept under DIR; train nothing")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    configs = SMOKE if args.smoke else FULL
+    configs: tuple[dict[str, Any], ...] = SMOKE if args.smoke else FULL
     if args.configs:
         names = set(args.configs.split(","))
         configs = tuple(c for c in (*FULL, *SMOKE) if c["name"] in names)
