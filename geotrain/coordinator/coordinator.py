@@ -122,7 +122,7 @@ class Coordinator:
         announced: set[str] = set()
         links_since: float | None = None
         while not self._stop.is_set():
-            peers = self.swarm.get_peers()
+            peers = self._takers(self.swarm.get_peers())
             for pid, rec in peers.items():
                 if pid not in announced:
                     announced.add(pid)
@@ -158,6 +158,14 @@ class Coordinator:
                     raise
                 logger.info("not plannable yet (%s); waiting for more link measurements", e)
                 self._stop.wait(self.config.poll_s * 2)
+
+    def _takers(self, peers: dict[str, PeerRecord]) -> dict[str, PeerRecord]:
+        """The live peers that follow this job: they publish progress for it (idle until a plan names them).
+
+        A peer of the same swarm that follows another job (``geotrain peer --job``) is never planned.
+        """
+        following = {pid for pid, p in self.swarm.get_progress().items() if p.job_id == self.config.job_id}
+        return {pid: rec for pid, rec in peers.items() if pid in following}
 
     def _next_version(self) -> int:
         mine = self.swarm.latest_plan(job_id=self.config.job_id, publisher=self.swarm.peer_id)
@@ -251,8 +259,8 @@ class Coordinator:
                 self.swarm.publish_plan(plan_rec)
                 last_job_publish = time.monotonic()
             try:
-                peers = self.swarm.get_peers()
                 progress = {pid: p for pid, p in self.swarm.get_progress().items() if p.job_id == self.config.job_id}
+                peers = {pid: rec for pid, rec in self.swarm.get_peers().items() if pid in progress}
             except GeotrainError as e:
                 logger.info("DHT read failed: %s", e)
                 continue

@@ -97,6 +97,7 @@ class PeerAgent:
         self._device = config.device  # torch device the stage trains on ("auto" resolved at start)
         self._allowed_seen: dict[bytes, float] = {}  # CURVE key -> last seen in a verified record
         self._job_baseline: Any = None  # transport counters when this peer joined the current job
+        self._following: str | None = None  # the job this peer follows (before any plan names it)
         self._threads: list[threading.Thread] = []
 
     # -- setup ------------------------------------------------------------------------------------
@@ -216,6 +217,7 @@ class PeerAgent:
                 return None
             self._job_key = key
         job = self._job
+        self._following = rec.job_id  # progress says "idle, following this job" until a plan names us
         prec = self.swarm.latest_plan(job_id=rec.job_id, publisher=owner)
         if prec is None:
             return None
@@ -353,6 +355,16 @@ class PeerAgent:
         self._news.wait(self.config.poll_s)
         self._news.clear()
 
+    def _publish_idle(self, job_id: str) -> None:
+        try:
+            self.swarm.publish_progress(
+                ProgressRecord(peer_id=self.peer_id, job_id=job_id, plan_version=0, step=0, loss=None, tokens=0,
+                               round=0, bytes_sent=0, bytes_received=0, updated_at=time.time(),
+                               stats={"status": 4.0})
+            )
+        except GeotrainError as e:
+            logger.info("progress not published: %s", e)
+
     def _retire(self) -> None:
         if self._worker is not None:
             self._last_state = self._worker.state()
@@ -360,6 +372,9 @@ class PeerAgent:
             self._worker = None
 
     def _publish_progress(self, step: int, metrics: Any) -> None:
+        if self._following is not None and (self._plan is None or self._plan.job_id != self._following):
+            self._publish_idle(self._following)  # tell the new job's coordinator this peer takes part
+            return
         if self._plan is None:
             return
         w = self._worker

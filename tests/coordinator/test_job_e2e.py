@@ -46,7 +46,8 @@ def test_tiny_job_trains_and_reports(children: ChildGroup, tmp_path: Path) -> No
     assert val[0]["source"] == "init" and val[-1]["source"] == "global"
     assert val[-1]["loss"] < val[0]["loss"] - 0.3, val
     s = report["summary"]
-    assert s["tokens"] == 2 * 20 * 4 * 2 * 32  # 2 pipelines x 20 steps x (4 x 2) sequences x 32 tokens
+    pipelines = len(data["plans"][-1]["pipelines"])  # the planner's choice (measured compute varies here)
+    assert s["tokens"] == pipelines * 20 * 4 * 2 * 32  # pipelines x 20 steps x (4 x 2) sequences x 32 tokens
     assert s["plan_versions"] == 1 and s["deaths"] == 0
     assert data["bytes"]["total"] > 0 and data["usd"]["total"] > 0
     assert any(e["event"] == "plan" for e in events)
