@@ -14,7 +14,7 @@ from geotrain.testing.procs import ChildGroup
 from geotrain.testing.swarm import start_local_swarm
 from tests.adversarial.live import read_progress
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(400)]  # 30 s idle, 150 s loaded
 
 JOB = """
 [job]

@@ -46,7 +46,11 @@ def warm_up(tx: Transport, rx: Transport) -> None:
     rx.recv("hello", timeout=10)
 
 
-def assert_heals(tx: Transport, rx: Transport) -> None:
+def assert_heals(tx: Transport, rx: Transport, proxy: FaultProxy, connections: int) -> None:
+    # send once ZMQ has reconnected: a message queued onto the dying connection would be lost with it
+    deadline = time.monotonic() + 20
+    while proxy.stats.connections <= connections and time.monotonic() < deadline:
+        time.sleep(0.01)  # polling for the reconnect, not an assertion delay
     x = payload(2)
     tx.send("rx", Message(kind="t", tag=(2,), tensors={"x": x}), timeout=10)
     got = rx.recv("t", (2,), timeout=20)
@@ -58,14 +62,14 @@ def test_reset_mid_tensor_loses_the_message_whole_and_the_link_reconnects(link) 
     tx, rx, proxy = link
     warm_up(tx, rx)
     proxy.set_fault(Fault(kind="reset", after_bytes=TENSOR_BYTES // 2))
-    before = rx.stats.recv_messages
+    before, conns = rx.stats.recv_messages, proxy.stats.connections
     tx.send("rx", Message(kind="t", tag=(1,), tensors={"x": payload(1)}), timeout=10)
     assert proxy.wait_fired(20), proxy.stats
     with pytest.raises(PeerTimeoutError):
         rx.recv("t", (1,), timeout=2.0)
     assert rx.stats.recv_messages == before  # not a truncated copy either
     assert proxy.stats.fired_at == TENSOR_BYTES // 2 and proxy.stats.resets == 1  # the reset landed mid-tensor
-    assert_heals(tx, rx)  # ZMQ reconnects through the proxy; the reset was one-shot
+    assert_heals(tx, rx, proxy, conns)  # ZMQ reconnects through the proxy; the reset was one-shot
 
 
 def test_blackhole_mid_tensor_delivers_nothing_until_the_route_heals(link) -> None:  # type: ignore[no-untyped-def]
@@ -81,8 +85,9 @@ def test_blackhole_mid_tensor_delivers_nothing_until_the_route_heals(link) -> No
     assert proxy.stats.swallowed > 0
     # the route comes back as a fresh connection (the old one is torn down, as a TCP keepalive would)
     proxy.set_fault(Fault())
+    conns = proxy.stats.connections
     assert proxy.reset_all() >= 1
-    assert_heals(tx, rx)
+    assert_heals(tx, rx, proxy, conns)
 
 
 def test_rate_cap_delays_but_delivers_the_tensor_intact(link) -> None:  # type: ignore[no-untyped-def]

@@ -49,7 +49,8 @@ def test_all_initial_peers_dead_fails_fast_and_clearly() -> None:
     assert proc.returncode == 2, (proc.returncode, err[-2000:])
     assert "none of the initial peers answered" in err, err[-2000:]
     assert "Traceback" not in err
-    assert time.monotonic() - t0 < 45
+    # the bound is hivemind's bootstrap (dial attempts, then its timeout), ~30 s here, ~50 s under heavy load
+    assert time.monotonic() - t0 < 75
 
 
 def _stop_and_check(child: Child, sig: int) -> None:
@@ -82,7 +83,7 @@ def test_peer_and_coordinator_stop_on_a_signal_with_every_child(
     maddrs = boot.wait_event("ready", 60)["maddrs"]
     # item 7, the good half: the first initial peer is dead, the second alive
     peer = children.start("peer", _peer_args([dead_maddr(), *maddrs]))
-    peer.wait_event("ready", 90)
+    peer.wait_event("ready", 180)  # dialling the dead peer first costs time on a loaded box
     job = tmp_path / "job.toml"
     job.write_text('[job]\nname = "sig"\n[model]\npreset = "tiny"\n[swarm]\nmin_peers = 3\nwait_peers_s = 120\n')
     coord = children.start("run", ["run", str(job), "--initial-peers", *maddrs, "--json",
