@@ -40,7 +40,7 @@ from geotrain.peers.probe import ProbeConfig, measure_link, serve_probes
 from geotrain.plan import JobPlan
 from geotrain.swarm import Swarm
 from geotrain.swarm.records import LinkMeasurement, LinkRow, PeerRecord, ProgressRecord
-from geotrain.transport import Transport
+from geotrain.transport import Message, Transport
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +128,9 @@ class PeerAgent:
 
         self._record = make_record()
         serve_probes(self.transport)
+        # answered from the start: a stage-group member checks its round leader with it, maybe before
+        # the leader has built its round runner (which serves it too)
+        self.transport.serve("sync.ping", lambda req: Message("sync.pong"))
         from geotrain.peers.state import serve_state
 
         serve_state(self.transport, lambda: self._worker, lambda: self._last_state)
@@ -149,7 +152,9 @@ class PeerAgent:
                 self._probe_once()
             except GeotrainError as e:
                 logger.info("probe round failed: %s", e)
-            self._stop.wait(min(self.config.probe_every_s, 2.0))
+            # while training, the swarm view (joiners, allow-list) is refreshed less often: every DHT read
+            # costs CPU in the DHT process and p2pd that the stage could use
+            self._stop.wait(min(self.config.probe_every_s, 2.0 if self._worker is None else 10.0))
 
     def _refresh_allow_list(self, peers: dict[str, PeerRecord]) -> None:
         """With a swarm key: admit exactly the verified members (and coordinators) on the data plane."""

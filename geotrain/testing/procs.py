@@ -7,6 +7,7 @@ with a timeout (no sleeps, no log regexes) and reaps every child on exit.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -63,6 +64,17 @@ class Child:
                 pass
 
 
+# Resolved at import: the pre-exec hook below runs in the forked child, where importing is not safe.
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the parent dies (Linux; a no-op elsewhere)."""
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+
+
 class ChildGroup:
     """Starts ``python -m geotrain ...`` children and guarantees they are reaped.
 
@@ -85,6 +97,8 @@ class ChildGroup:
             text=True,
             env=self._env,
             start_new_session=True,
+            # if this process is killed outright (no close()), the kernel still stops the child
+            preexec_fn=_die_with_parent,
         )
         child = Child(name=name, proc=proc)
         threading.Thread(target=self._pump, args=(child,), daemon=True, name=f"pump-{name}").start()
