@@ -58,14 +58,18 @@ def test_killed_peer_is_replanned_and_job_finishes(children: ChildGroup, tmp_pat
     swarm = start_local_swarm(children, regions=["us", "us", "eu", "eu"], job_id="e2e-kill", heartbeat_s=1.0)
     events: list[dict[str, Any]] = []
     killed = threading.Event()
+    victim: list[str] = []
+    index = {r["peer_id"]: i for i, r in enumerate(swarm.ready)}
 
     def on_event(e: dict[str, Any]) -> None:
         events.append(e)
         if e.get("event") == "progress" and not killed.is_set():
-            steps = [p["step"] for p in e["peers"].values()]
-            if len(steps) == 4 and min(steps) >= 6:
+            # a peer the plan uses (status 0 = training; spares never train), a few steps in
+            training = [pid for pid, p in e["peers"].items() if p["status"] == 0.0 and p["step"] >= 6]
+            if training:
+                victim.append(training[0])
                 killed.set()
-                children.kill(swarm.peers[3], signal.SIGKILL)
+                children.kill(swarm.peers[index[training[0]]], signal.SIGKILL)
 
     report = run_coordinator(None, initial_peers=swarm.maddrs, job_id="e2e-kill", report_dir=tmp_path,
                              emit=on_event, job=job)
@@ -73,7 +77,7 @@ def test_killed_peer_is_replanned_and_job_finishes(children: ChildGroup, tmp_pat
     kinds = [e["kind"] for e in report["events"]]
     assert "death" in kinds and "replan" in kinds
     assert report["summary"]["plan_versions"] >= 2
-    dead = swarm.ready[3]["peer_id"]
+    dead = victim[0]
     last_plan = report["plans"][-1]
     assert dead not in {s["peer"] for pipe in last_plan["pipelines"] for s in pipe}
     val = [v for v in report["validation"] if v["loss"] is not None]
