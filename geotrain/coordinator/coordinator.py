@@ -69,6 +69,7 @@ class _Run:
     compute_s: dict[str, float] = field(default_factory=dict)
     seen_loss: set[tuple[str, int]] = field(default_factory=set)
     last_eval_step: int = 0
+    tokens_by: dict[tuple[str, int], int] = field(default_factory=dict)  # (last-stage peer, plan version)
 
 
 class Coordinator:
@@ -310,14 +311,16 @@ class Coordinator:
                 r.in_plan_s[pid] = r.in_plan_s.get(pid, 0.0) + dt
         fresh = []
         for pid, pr in progress.items():
-            if pr.job_id != self.config.job_id:
-                continue
             r.last_progress[pid] = pr
-            if pr.loss is not None and (pid, pr.step) not in r.seen_loss:
-                r.seen_loss.add((pid, pr.step))
-                fresh.append(pr)
-        # tokens trained by the whole swarm: each pipeline's last stage counts its own
-        tokens = sum(p.tokens for p in r.last_progress.values() if p.loss is not None)
+            if pr.loss is not None:
+                # tokens trained: each pipeline's last stage counts its own, per plan version (a rebuilt
+                # worker counts from zero again)
+                key = (pid, pr.plan_version)
+                r.tokens_by[key] = max(r.tokens_by.get(key, 0), pr.tokens)
+                if (pid, pr.step) not in r.seen_loss:
+                    r.seen_loss.add((pid, pr.step))
+                    fresh.append(pr)
+        tokens = sum(r.tokens_by.values())
         for pr in fresh:
             r.loss.append({"t_s": round(self._t(), 3), "step": pr.step, "tokens": tokens, "loss": pr.loss,
                            "peer": pr.peer_id})
