@@ -1,14 +1,17 @@
 """One peer's part of one plan version: its stage, its pipeline runtime, its stage-group syncs.
 
-Built when a peer adopts a plan. Where the initial weights come from, in order:
+Built when a peer adopts a plan. Where the initial (global) weights come from, in order:
 
 1. the peer's own global state from the previous plan, when it covers this stage;
-2. the stage group's other members (:func:`~geotrain.peers.state.fetch_state`,
-   fastest measured link first, verified by size and hash);
-3. the seed (a fresh job: every member builds identical weights without shipping them).
+2. the checkpoint named by the plan (``--resume``), for a peer new to the job;
+3. the plan's other peers (:func:`~geotrain.peers.state.fetch_state`): those that
+   held these blocks in the previous plan first, then the fastest measured
+   links; every reply verified by size and SHA-256; pieces gathered from several;
+4. the seed (a fresh job: every member builds identical weights without shipping
+   them; or blocks no live peer holds any more, which is logged).
 
 Inner weights start equal to the global ones; the inner optimizer (AdamW)
-starts fresh when the stage's blocks changed and is kept otherwise.
+starts fresh with each plan version (its moments are local and cheap to rebuild).
 """
 
 from __future__ import annotations
