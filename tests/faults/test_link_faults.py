@@ -58,7 +58,7 @@ def assert_heals(tx: Transport, rx: Transport, proxy: FaultProxy, connections: i
     assert not rx.stats.dropped, rx.stats.dropped  # nothing malformed ever reached the inbox
 
 
-def test_reset_mid_tensor_loses_the_message_whole_and_the_link_reconnects(link) -> None:  # type: ignore[no-untyped-def]
+def test_reset_mid_tensor_loses_the_message_whole_and_the_link_reconnects(link: tuple[Transport, Transport, FaultProxy]) -> None:
     tx, rx, proxy = link
     warm_up(tx, rx)
     proxy.set_fault(Fault(kind="reset", after_bytes=TENSOR_BYTES // 2))
@@ -72,7 +72,7 @@ def test_reset_mid_tensor_loses_the_message_whole_and_the_link_reconnects(link) 
     assert_heals(tx, rx, proxy, conns)  # ZMQ reconnects through the proxy; the reset was one-shot
 
 
-def test_blackhole_mid_tensor_delivers_nothing_until_the_route_heals(link) -> None:  # type: ignore[no-untyped-def]
+def test_blackhole_mid_tensor_delivers_nothing_until_the_route_heals(link: tuple[Transport, Transport, FaultProxy]) -> None:
     tx, rx, proxy = link
     warm_up(tx, rx)
     proxy.set_fault(Fault(kind="blackhole", after_bytes=TENSOR_BYTES // 3))
@@ -90,7 +90,7 @@ def test_blackhole_mid_tensor_delivers_nothing_until_the_route_heals(link) -> No
     assert_heals(tx, rx, proxy, conns)
 
 
-def test_rate_cap_delays_but_delivers_the_tensor_intact(link) -> None:  # type: ignore[no-untyped-def]
+def test_rate_cap_delays_but_delivers_the_tensor_intact(link: tuple[Transport, Transport, FaultProxy]) -> None:
     tx, rx, proxy = link
     warm_up(tx, rx)
     rate = 4 * 1024 * 1024  # 4 MiB/s: the 1 MiB tensor needs at least 0.25 s
@@ -104,7 +104,7 @@ def test_rate_cap_delays_but_delivers_the_tensor_intact(link) -> None:  # type: 
     assert took >= 0.9 * TENSOR_BYTES / rate, took
 
 
-def test_pass_through_forwards_replies_both_ways(link) -> None:  # type: ignore[no-untyped-def]
+def test_pass_through_forwards_replies_both_ways(link: tuple[Transport, Transport, FaultProxy]) -> None:
     tx, rx, proxy = link
     rx.serve("echo", lambda m: Message(kind="echo.ok", tensors=m.tensors))
     x = payload(4)

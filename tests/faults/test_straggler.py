@@ -38,7 +38,7 @@ def resources() -> Iterator[list]:
         r.close()
 
 
-def _model() -> nn.Module:
+def _model() -> nn.Linear:
     torch.manual_seed(0)  # every member starts from the same weights
     return nn.Linear(512, 512, bias=False)
 
@@ -66,7 +66,8 @@ def _run_round(resources: list, cap_bytes_per_s: float) -> tuple[str, dict, floa
         syncs[t.peer_id] = DiLoCoSync(CONFIG, params=list(model.named_parameters()), transport=t,
                                       membership=StaticMembership(view))
         with torch.no_grad():  # local progress since the common start: a pseudo-gradient to sync
-            model.weight.add_(torch.randn(512, 512, generator=torch.Generator().manual_seed(i)) * 0.01)
+            model.weight.add_(
+                torch.randn(512, 512, generator=torch.Generator().manual_seed(i)) * 0.01)
     t0 = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         futures = {pid: pool.submit(s.after_inner_step, 1) for pid, s in syncs.items()}
