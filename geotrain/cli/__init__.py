@@ -42,7 +42,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _die_with_parent() -> None:
+    """``GEOTRAIN_PARENT_PID`` (set by geotrain.testing's ChildGroup, e.g. for the demo's peers): end
+    this process when that parent dies, even if it was killed outright and reaped nothing (Linux)."""
+    parent = os.environ.get("GEOTRAIN_PARENT_PID")
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+    if str(os.getppid()) != parent:  # the parent died before the line above
+        sys.exit(0)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _die_with_parent()
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(

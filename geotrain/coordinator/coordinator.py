@@ -233,6 +233,9 @@ class Coordinator:
         if rec is None:
             return None
         self.plan = JobPlan.from_dict(rec.plan)
+        self._run.plans.append({"version": self.plan.version, "t_s": 0.0, "reason": "reattach",
+                                "pipelines": rec.plan.get("pipelines", []), "spares": list(self.plan.spares),
+                                "predicted": dict(self.plan.predicted), "start_step": self.plan.start_step})
         self._event("reattach", version=self.plan.version)
         return self.plan
 
@@ -275,8 +278,13 @@ class Coordinator:
                 else:
                     missing_since.pop(pid, None)
             dead = [p for p, t in missing_since.items() if time.monotonic() - t > self.config.replan_grace_s]
-            # joiners
-            joiners = [p for p in peers if p not in plan_peers and p not in self.plan.spares]
+            # joiners: folded in once their links to the others are measured (else they cannot be placed)
+            rows = self.swarm.get_links() if any(p not in plan_peers for p in peers) else {}
+            joiners = [
+                p for p in peers
+                if p not in plan_peers and p not in self.plan.spares
+                and p in rows and set(peers) - {p} <= set(rows[p].links)
+            ]
             for p in joiners:
                 if p not in self._run.seen_peers:
                     self._run.seen_peers[p] = peers[p]

@@ -7,7 +7,6 @@ with a timeout (no sleeps, no log regexes) and reaps every child on exit.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -64,17 +63,6 @@ class Child:
                 pass
 
 
-# Resolved at import: the pre-exec hook below runs in the forked child, where importing is not safe.
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the parent dies (Linux; a no-op elsewhere)."""
-    if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-
-
 class ChildGroup:
     """Starts ``python -m geotrain ...`` children and guarantees they are reaped.
 
@@ -84,7 +72,8 @@ class ChildGroup:
 
     def __init__(self, *, env: dict[str, str] | None = None, echo_stderr: bool = False) -> None:
         self.children: list[Child] = []
-        self._env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        # the child asks the kernel to stop it if this process dies without close() (see geotrain.cli)
+        self._env = {**os.environ, "PYTHONUNBUFFERED": "1", "GEOTRAIN_PARENT_PID": str(os.getpid()), **(env or {})}
         self._echo_stderr = echo_stderr
 
     def start(self, name: str, args: Sequence[str], *, module: str = "geotrain") -> Child:
@@ -97,8 +86,6 @@ class ChildGroup:
             text=True,
             env=self._env,
             start_new_session=True,
-            # if this process is killed outright (no close()), the kernel still stops the child
-            preexec_fn=_die_with_parent,
         )
         child = Child(name=name, proc=proc)
         threading.Thread(target=self._pump, args=(child,), daemon=True, name=f"pump-{name}").start()
