@@ -113,3 +113,33 @@ def test_stop_after_round_k_then_resume_continues_at_k_plus_1(children: ChildGro
                            job=job_from_dict(spec), resume=ckpt)
     assert more["checkpoints"]["last_round"] == 3
     assert checkpoint.latest_complete(ckpt, num_blocks) == 15
+
+
+def test_joiner_mid_run_is_folded_in_and_pulls_verified_state(children: ChildGroup, tmp_path: Path) -> None:
+    """Issue 9 item 5: a peer that arrives while the job trains (rounds in flight) joins at the next plan
+    version, pulls committed global state from the others (size + hash verified), and the job finishes."""
+    spec = tiny_job(steps=1500, min_peers=3)
+    swarm = start_local_swarm(children, regions=["us", "us", "eu"], job_id="e2e-join", heartbeat_s=1.0)
+    joined: list[dict[str, Any]] = []
+    started = threading.Event()
+
+    def on_event(e: dict[str, Any]) -> None:
+        training = e.get("event") == "progress" and any(p["status"] == 0.0 for p in e["peers"].values())
+        if training and not started.is_set():
+            started.set()
+            late = children.start("late", ["peer", "--initial-peers", *swarm.maddrs, "--region", "eu",
+                                           "--threads", "1", "--heartbeat", "1", "--job", "e2e-join"])
+            joined.append({"child": late})
+
+    report = run_coordinator(None, initial_peers=swarm.maddrs, job_id="e2e-join", report_dir=tmp_path,
+                             emit=on_event, job=job_from_dict(spec))
+    assert started.is_set()
+    late_id = joined[0]["child"].wait_event("ready", timeout=5)["peer_id"]
+    reasons = [p["reason"] for p in report["plans"]]
+    assert "join" in reasons, reasons
+    last = report["plans"][-1]
+    placed = {s["peer"] for pipe in last["pipelines"] for s in pipe} | set(last["spares"])
+    assert late_id in placed
+    assert report["plans"][-1]["start_step"] > 0  # restarted at a round boundary, not from scratch
+    val = [v for v in report["validation"] if v["loss"] is not None]
+    assert val[-1]["loss"] < val[0]["loss"] - 0.5, val
