@@ -202,7 +202,11 @@ class Transport:
 
     # -- peers and context ----------------------------------------------------------------------
     def connect(self, peer_id: str, address: str, *, region: str = "", curve_server_key: bytes | None = None) -> None:
-        """Open (or re-point) the outbox to ``peer_id``. Idempotent for the same address."""
+        """Open (or re-point) the outbox to ``peer_id``. Idempotent for the same address.
+
+        With CURVE, ``curve_server_key`` is the peer's public key; ``None`` for a peer already
+        connected at the same address keeps the key it was connected with.
+        """
         if not address.startswith("tcp://"):
             raise TransportError(f"peer {peer_id} address must be tcp://host:port; got {address!r}")
         self._command(("connect", peer_id, address, region, curve_server_key))
@@ -570,6 +574,8 @@ class Transport:
             if op == "connect":
                 _, peer, address, region, server_key = cmd
                 remote = self._remotes.get(peer)
+                if server_key is None and remote is not None and remote.address == address:
+                    server_key = remote.server_key  # re-connecting without a key keeps the known one
                 if (remote is not None and remote.address == address and remote.socket is not None
                         and remote.server_key == server_key and not remote.refused):
                     remote.region = region or remote.region
