@@ -326,6 +326,34 @@ def job_from_dict(data: dict[str, Any]) -> JobSpec:
     return JobSpec(**{name: _section(hints[name], value, name) for name, value in data.items()})
 
 
+def _too_deep(text: str, *, limit: int) -> bool:
+    """Bracket nesting beyond ``limit`` outside strings and comments, found without recursion.
+
+    tomllib recurses once per level: a hostile file nested thousands deep would hit
+    Python's recursion limit inside the parser, so it is refused before parsing.
+    """
+    depth = 0
+    quote = ""
+    comment = False
+    for ch in text:
+        if comment:
+            comment = ch != "\n"
+        elif quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "#":
+            comment = True
+        elif ch in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif ch in "]}":
+            depth = max(0, depth - 1)
+    return False
+
+
 def load_job(path: str | Path) -> JobSpec:
     """Read and validate a TOML job file."""
     p = Path(path)
@@ -335,6 +363,8 @@ def load_job(path: str | Path) -> JobSpec:
         raise ConfigError(f"cannot read job file {p}: {e.strerror}") from None
     except UnicodeDecodeError as e:
         raise ConfigError(f"job file {p} is not UTF-8 text (byte {e.start}); write it as TOML") from None
+    if _too_deep(text, limit=32):
+        raise ConfigError(f"{p} nests arrays or tables too deeply to be a job file")
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
