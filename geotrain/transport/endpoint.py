@@ -39,7 +39,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import zmq
@@ -54,7 +53,16 @@ from geotrain.errors import (
 from geotrain.transport import message as msgcodec
 from geotrain.transport.config import TransportConfig
 from geotrain.transport.message import CodecChoice, Message
-from geotrain.transport.wire import Header, WireTensor, check_frame_count, split_tensors, unpack_header
+from geotrain.transport.queues import (
+    HANDSHAKE_EVENTS,
+    TransportStats,
+    _done,
+    _fail,
+    _Inbound,
+    _Outgoing,
+    _Remote,
+)
+from geotrain.transport.wire import Header, check_frame_count, split_tensors, unpack_header
 
 logger = logging.getLogger(__name__)
 
@@ -63,52 +71,6 @@ Handler = Callable[[Message], "Message | None"]
 
 class LinkEmulator(Protocol):
     def before_send(self, dst_region: str, nbytes: int) -> float: ...
-
-
-@dataclass
-class TransportStats:
-    """Counters since start. ``dropped`` maps a reason (error class name) to a count."""
-
-    sent_bytes: collections.Counter[str] = field(default_factory=collections.Counter)
-    recv_bytes: collections.Counter[str] = field(default_factory=collections.Counter)
-    sent_messages: int = 0
-    recv_messages: int = 0
-    dropped: collections.Counter[str] = field(default_factory=collections.Counter)
-
-
-@dataclass
-class _Outgoing:
-    frames: list[Any]
-    nbytes: int
-    future: concurrent.futures.Future[int]
-    ready_at: float
-    deadline: float
-
-
-@dataclass
-class _Inbound:
-    header: Header
-    tensors: tuple[WireTensor, ...]
-    nbytes: int
-    route: bytes | None  # ROUTER identity to reply through, if it came in on the inbox
-
-
-@dataclass
-class _Remote:
-    address: str
-    region: str
-    server_key: bytes | None = None
-    socket: zmq.Socket[Any] | None = None
-    monitor: zmq.Socket[Any] | None = None  # CURVE only: tells us when a handshake was refused
-    redial_s: float = 0.25  # backoff before dialing again after a refused handshake
-    refused: bool = False  # the last handshake was refused (and not yet redialled successfully)
-    pending: collections.deque[_Outgoing] = field(default_factory=collections.deque)
-
-
-_HANDSHAKE_FAILED = (
-    zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-)
-_HANDSHAKE_EVENTS = _HANDSHAKE_FAILED | zmq.EVENT_HANDSHAKE_SUCCEEDED
 
 
 class Transport:
@@ -455,7 +417,7 @@ class Transport:
         if self.config.curve is not None:
             # libzmq does not dial again after a refused CURVE handshake (we may not have been on the
             # peer's allow-list yet): watch for it and redial with backoff
-            remote.monitor = remote.socket.get_monitor_socket(_HANDSHAKE_EVENTS)
+            remote.monitor = remote.socket.get_monitor_socket(HANDSHAKE_EVENTS)
             by_socket[remote.monitor] = peer
             poller.register(remote.monitor, zmq.POLLIN)
         return True
@@ -708,17 +670,3 @@ class Transport:
         assert item.header.rpc is not None
         frames = msgcodec.encode(reply, sender=self.peer_id, rpc={"id": item.header.rpc["id"], "reply": True})
         self._command(("reply", item.route, frames, item.header.sender))
-
-
-def _done(fut: concurrent.futures.Future[int], value: int) -> None:
-    try:
-        fut.set_result(value)
-    except concurrent.futures.InvalidStateError:
-        pass  # the caller gave up (cancelled) just before
-
-
-def _fail(fut: concurrent.futures.Future[int], err: Exception) -> None:
-    try:
-        fut.set_exception(err)
-    except concurrent.futures.InvalidStateError:
-        pass
