@@ -29,7 +29,7 @@ def test_members_train_and_outsider_is_refused(children: ChildGroup, tmp_path: P
                                            "--threads", "1", "--heartbeat", "1", "--job", "closed"])
     out_ready = outsider.wait_event("ready", timeout=120)
     report = run_coordinator(None, initial_peers=swarm.maddrs, job_id="closed", report_dir=tmp_path / "r",
-                             job=job_from_dict(tiny_job(steps=10)), swarm_key=key)
+                             job=job_from_dict(tiny_job(steps=20)), swarm_key=key)
     planned = {s["peer"] for plan in report["plans"] for pipe in plan["pipelines"] for s in pipe}
     planned |= {p for plan in report["plans"] for p in plan["spares"]}
     assert planned == set(swarm.peer_ids())
