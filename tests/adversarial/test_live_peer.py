@@ -36,7 +36,8 @@ from geotrain.transport.wire import check_frame_count, split_tensors, unpack_hea
 from tests.adversarial.live import CoordinatorThread, read_progress, tiny_job
 from tests.swarm.helpers import RawClient, nested_tuple_bytes
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
+# a live peer under attack on a loaded 2-core box (libp2p dials can back off): one rerun, not a bug mask
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300), pytest.mark.flaky(reruns=1)]
 
 STEPS = 500  # ~10-30 ms each here: long enough to attack a step the victim has not reached
 AHEAD = 150

