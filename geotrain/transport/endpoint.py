@@ -442,7 +442,8 @@ class Transport:
         remote.redial_s = min(remote.redial_s * 2, 2.0)
 
     @staticmethod
-    def _hang_up(remote: _Remote, poller: zmq.Poller, by_socket: dict[Any, str]) -> None:
+    def _hang_up(remote: _Remote, poller: zmq.Poller, by_socket: dict[Any, str], linger_s: float = 0.0) -> None:
+        """Close ``remote``'s sockets; what ZMQ still holds for it is sent for up to ``linger_s``, then dropped."""
         if remote.monitor is not None and remote.socket is not None:
             remote.socket.disable_monitor()
         for attr in ("monitor", "socket"):
@@ -450,7 +451,7 @@ class Transport:
             if sock is not None:
                 poller.unregister(sock)
                 by_socket.pop(sock, None)
-                sock.close(linger=0)
+                sock.close(linger=int(linger_s * 1000) if attr == "socket" else 0)
                 setattr(remote, attr, None)
 
     def _open_outbox(self, remote: _Remote, curve_server_key: bytes | None) -> zmq.Socket[Any]:
@@ -520,7 +521,8 @@ class Transport:
             for remote in self._remotes.values():
                 for out in remote.pending:
                     _fail(out.future, TransportError("transport closed"))
-                self._hang_up(remote, poller, by_socket)
+                # a message send() reported as handed over must still leave: linger, as the config says
+                self._hang_up(remote, poller, by_socket, self.config.linger_s)
             inbox.close()
             wake.close()
 

@@ -104,3 +104,14 @@ def test_recv_unblocks_on_close() -> None:
 def test_send_to_unknown_peer_is_a_clear_error() -> None:
     with Transport(TransportConfig(), peer_id="d") as t, pytest.raises(TransportError, match="connect"):
         t.send("nobody", Message(kind="x"), timeout=2)
+
+
+def test_a_send_handed_over_just_before_close_still_arrives() -> None:
+    # send() returns once ZMQ holds the frames; closing right after must linger, not drop them
+    with Transport(TransportConfig(), peer_id="b").start() as b:
+        for i in range(5):
+            a = Transport(TransportConfig(), peer_id="a").start()
+            a.connect("b", b.address)
+            a.send("b", Message(kind="last", tag=(i,), tensors={"x": torch.ones(4 << 20)}))
+            a.close()
+            assert b.recv("last", (i,), timeout=10).tensors["x"].shape == (4 << 20,)
