@@ -9,8 +9,10 @@ an inner step runs :math:`M` microbatches; a round is :math:`H` inner steps.
 Peer :math:`q` computes at :math:`\phi_q` FLOP/s; the link between peers
 :math:`q, r` has bandwidth :math:`\beta_{qr}` bytes/s and round-trip time
 :math:`\rho_{qr}`. The activation codec shrinks activations by
-:math:`\kappa_a` (from ``codecs.compression_ratio``); the sync codec sends
-:math:`e` bytes per fp32 pseudo-gradient element.
+:math:`\kappa_a` (from ``codecs.compression_ratio``); the sync codec
+(``job.sync_codec``) sends :math:`e` bytes per fp32 pseudo-gradient element,
+the intra-region codec (``job.sync_intra_codec``, the runtime's
+``sync.intra_codec``) :math:`e'`.
 
 **Stage compute** per microbatch (forward + backward)
 
@@ -47,17 +49,22 @@ link) to :math:`T_p` and :math:`E` bytes each way to the traffic.
 
 **Round**. A *stage group* is the set of peers that hold the same layers in
 every pipeline (one per pipeline). Its pseudo-gradient has
-:math:`N_g = \sum w_l / d` elements and travels as :math:`Z_g = e N_g` bytes.
-The all-reduce is hierarchical: a reduce-scatter inside each region, an
-all-reduce between one leader per region, an all-gather inside each region.
-A butterfly all-reduce of :math:`Z` bytes among :math:`n` members where member
-:math:`i` sends a :math:`Z/n` share to each other member, once to reduce and
-once to gather, over links used one after another, takes
+:math:`N_g = \sum w_l / d` elements. The all-reduce is hierarchical: a reduce
+inside each region, an all-reduce between one leader per region, a gather
+inside each region. The legs travel with different codecs, as the runtime
+sends them (``geotrain.sync.round``): members send their pseudo-gradient to
+their leader with the intra codec, :math:`Z'_g = e' N_g` bytes; leaders
+exchange shards with the sync codec, :math:`Z_g = e N_g`; leaders forward the
+result home as they received it, also :math:`Z_g`. A butterfly all-reduce
+among :math:`n` members where member :math:`i` sends a share of :math:`Z_1/n`
+to each other member to reduce and of :math:`Z_2/n` to gather, over links
+used one after another, takes
 
-.. math:: R(Z, G) = 2 \max_{i\in G} \sum_{j \in G, j \ne i} \frac{Z}{n\,\beta_{ij}} + 2\max_{i,j\in G} \rho_{ij}
+.. math:: R(Z_1, Z_2, G) = \max_{i\in G} \sum_{j \in G, j \ne i} \frac{Z_1 + Z_2}{n\,\beta_{ij}} + 2\max_{i,j\in G} \rho_{ij}
 
-(:math:`2\frac{n-1}{n} Z/\beta` on uniform links, the ring's bandwidth term).
-So :math:`Y_g = \max_r R(Z_g, G_g \cap r) + R(Z_g, \mathrm{leaders}(G_g))`
+(:math:`\frac{n-1}{n} (Z_1 + Z_2)/\beta` on uniform links, the ring's bandwidth
+term) and moves :math:`(n-1)(Z_1 + Z_2)` bytes. So
+:math:`Y_g = \max_r R(Z'_g, Z_g, G_g \cap r) + R(Z_g, Z_g, \mathrm{leaders}(G_g))`
 and the round's sync takes :math:`Y = \max_g Y_g` (groups run at once).
 When the sync engine overlaps (``job.overlap_sync``) the round hides behind
 the next :math:`H` inner steps and only :math:`\max(0, Y - H T)` shows;
@@ -172,7 +179,10 @@ class CostModel:
         self.H = job.sync_every
         self.d = model.dtype_bytes
         self.act_ratio = compression_ratio(job.activation_codec, self.d)
+        # pseudo-gradients are fp32: between leaders (and forwarded home) with the sync codec, from members
+        # to their leader with the intra codec
         self.sync_bytes_per_elem = encoded_bytes_per_element(job.sync_codec, 4)
+        self.intra_bytes_per_elem = encoded_bytes_per_element(job.sync_intra_codec, 4)
         self.flops = [0.0]
         self.params = [0.0]
         self.saved = [0.0]  # activation bytes per token kept for backward, prefix sums
@@ -332,7 +342,7 @@ class CostModel:
                                     for pipe in pipelines)
                     groups[holders] = groups.get(holders, 0.0) + (self.params[b] - self.params[a]) / self.d
             for members, n_params in groups.items():
-                y = self._group_sync(members, n_params * self.sync_bytes_per_elem, sync_bytes)
+                y = self._group_sync(members, n_params, sync_bytes)
                 if y is None:
                     return f"stage group {list(members)} spans regions with no link between them"
                 Y = max(Y, y)
@@ -380,12 +390,17 @@ class CostModel:
             worst = max(worst, t)
         return 2.0 * worst / n, 2.0 * rtt
 
-    def _group_sync(self, members: Sequence[str], z: float, sent: dict[tuple[str, str], float]) -> float | None:
-        """Seconds of one hierarchical all-reduce of ``z`` bytes; adds bytes per region pair to ``sent``.
+    def _group_sync(self, members: Sequence[str], n_params: float, sent: dict[tuple[str, str], float]) -> float | None:
+        """Seconds of one hierarchical all-reduce of ``n_params`` fp32 elements; adds bytes per region pair to ``sent``.
 
-        Reduce-scatter inside each region, butterfly all-reduce between one
-        leader per region, all-gather inside each region.
+        Reduce inside each region (intra codec), butterfly all-reduce between
+        one leader per region (sync codec), gather inside each region (the
+        leaders forward the sync codec's encoding as is). Each leg is priced
+        with its own codec: pricing the intra reduce with the cross-region
+        codec made a 1-stage run's bytes 42% low (docs/scaling.md).
         """
+        z = n_params * self.sync_bytes_per_elem
+        z_up = n_params * self.intra_bytes_per_elem  # member -> leader
         sc, region = self.sc, self.region_of
         by_region: dict[str, list[str]] = {}
         for q in members:
@@ -406,8 +421,9 @@ class CostModel:
                 coeff = None if ln is None else (2.0 * (n - 1) / n / ln.bytes_per_s, 2.0 * ln.rtt_s)
             if coeff is None:
                 return None
-            intra = max(intra, coeff[0] * z + coeff[1])
-            sent[(r, r)] = sent.get((r, r), 0.0) + 2.0 * (n - 1) * z
+            # coeff[0] prices a reduce and a gather of the same size: half of it per leg
+            intra = max(intra, coeff[0] * (z_up + z) / 2.0 + coeff[1])
+            sent[(r, r)] = sent.get((r, r), 0.0) + (n - 1) * (z_up + z)
         k = len(by_region)
         if k < 2:
             return intra

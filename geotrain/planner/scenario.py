@@ -124,7 +124,10 @@ class Job:
     stages: int | None = None  # fixed number of stages, or None to search
     pipelines: int | None = None  # fixed number of pipelines, or None to search
     activation_codec: str = "none"
-    sync_codec: str = "none"
+    sync_codec: str = "none"  # pseudo-gradients between regions' leaders, and the result they forward home
+    # pseudo-gradients from members to their region's leader: the runtime's ``sync.intra_codec`` (default
+    # "none": fast links inside a region are not worth the codec's error), priced apart from ``sync_codec``
+    sync_intra_codec: str = "none"
     overlap_sync: bool = True  # the sync engine hides the round behind the next inner steps
     objective: Objective = field(default_factory=Objective)
 
@@ -136,7 +139,7 @@ class Job:
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise ScenarioError(f"job.{name} must be >= 1 or null (search); got {v}")
-        for name in ("activation_codec", "sync_codec"):
+        for name in ("activation_codec", "sync_codec", "sync_intra_codec"):
             try:
                 validate_codec(getattr(self, name))
             except ConfigError as e:
@@ -296,12 +299,12 @@ def _parse_model(m: Any) -> ModelSpec:
 def _parse_job(j: Any) -> Job:
     j = {} if j is None else j
     _take(j, "job", {"micro_batch", "micro_batches", "sync_every", "stages", "pipelines",
-                     "activation_codec", "sync_codec", "overlap_sync", "objective"})
+                     "activation_codec", "sync_codec", "sync_intra_codec", "overlap_sync", "objective"})
     kw: dict[str, Any] = {}
     for k in ("micro_batch", "micro_batches", "sync_every", "stages", "pipelines"):
         if j.get(k) is not None:
             kw[k] = _num(j, k, "job", positive=True, integer=True)
-    for k in ("activation_codec", "sync_codec"):
+    for k in ("activation_codec", "sync_codec", "sync_intra_codec"):
         if k in j:
             if not isinstance(j[k], str):
                 raise ScenarioError(f"job.{k} must be a codec name like 'int8'; got {j[k]!r}")
