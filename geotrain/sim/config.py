@@ -32,6 +32,11 @@ class SimConfig:
     # fixed seconds per inner step on top of compute and links: optimizer step, data loading, framing,
     # bookkeeping threads; 0 for large models, measured by ``benchmarks.simval`` for small ones
     step_overhead_s: float = 0.0
+    # fixed seconds per DiLoCo round beyond the modelled all-reduce: round membership over the DHT, the commit,
+    # a checkpoint; part of the round's time, so it stalls the pipelines unless the round overlaps compute.
+    # Groups run their rounds at once, so it is paid once per round. ``benchmarks.simval`` fits it with
+    # ``step_overhead_s`` from runs at two H (per-step time = a + b / H)
+    round_overhead_s: float = 0.0
     exact_pipelines: bool = True  # time pipelines with the event-level 1F1B (else the planner's closed form)
     sample_every_s: float = 600.0
     max_events: int = 2000  # events kept in the result (all are counted)
@@ -41,7 +46,7 @@ class SimConfig:
         if not self.hours > 0:
             raise ConfigError(f"sim hours must be > 0; got {self.hours}")
         for name in ("churn_per_hour", "rejoin_hours", "burst_per_hour", "straggler_sigma", "replan_s", "replan_gain",
-                     "step_overhead_s"):
+                     "step_overhead_s", "round_overhead_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"sim {name} must be >= 0; got {getattr(self, name)}")
         if not 0 < self.burst_fraction <= 1:

@@ -10,8 +10,9 @@ bursts are events on a heap, applied at their exact times inside a round.
   the median misses the round: its H steps are discarded (the round goes on
   without it, as the sync engine does).
 - Rounds: the stage groups' hierarchical all-reduce time and bytes come from
-  the planner's cost model for the current plan; with overlap, only the part
-  longer than the round's compute shows.
+  the planner's cost model for the current plan, plus a fixed
+  ``round_overhead_s`` (membership, commit, checkpoint); with overlap, only
+  the part longer than the round's compute shows.
 - A peer that leaves mid-round breaks its pipeline: that pipeline's inner
   progress since the last round is lost (its tokens count as waste). At the
   round boundary the pipeline is repaired from a spare (same region first,
@@ -283,7 +284,8 @@ class Simulation:
         median = statistics.median(e - t for _, e, _ in spans)
         deadline = t + cfg.deadline_factor * median
         done_by = max((e for _, e, _ in spans if e <= deadline), default=deadline)
-        exposed = max(0.0, pred.round_sync_s - (done_by - t)) if self.sc.job.overlap_sync else pred.round_sync_s
+        round_s = self._round_s(pred)
+        exposed = max(0.0, round_s - (done_by - t)) if self.sc.job.overlap_sync else round_s
         t_end = done_by + exposed
         broken: dict[int, float] = {}
         self._apply_events(t_end, broken)
@@ -322,6 +324,13 @@ class Simulation:
         if spare_count >= (self.stages or 1) and t - self.last_replan >= cfg.replan_every_hours * 3600.0:
             return t + self._replan(t, f"{spare_count} spares", optional=True)
         return t
+
+    def _round_s(self, pred: Prediction) -> float:
+        """Seconds one round takes: the cost model's all-reduce plus the fixed per-round overhead.
+
+        The overhead is part of the round, not of the steps, so overlap hides it like the all-reduce.
+        """
+        return pred.round_sync_s + self.cfg.round_overhead_s
 
     def _utilisation(self, i: int, step: float) -> float:
         """Mean busy fraction of pipeline ``i``'s peers during one inner step of ``step`` seconds."""
