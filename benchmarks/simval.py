@@ -18,6 +18,16 @@ The simulator is fed two ways, both on one line:
   compute out of the comparison and leaves the schedule, the network and
   per-step overheads.
 
+Then ``calibrated``: in-run plus the two overhead terms the model lacks, fitted
+on the calibration runs (``CALIBRATE_ON``, the two 1-stage runs at H = 10 and
+20): their unexplained time per inner step is ``a + b / H``, ``a`` =
+``SimConfig.step_overhead_s`` and ``b`` = ``SimConfig.round_overhead_s``, two
+equations for two unknowns (clamped to >= 0, and the calibration line says so).
+The other runs are predicted out of sample. ``step_only`` is the older,
+one-term calibration (the first calibration run's whole unexplained time as a
+per-step overhead), kept to show what the round term changes. With one
+calibration run, or runs at one H, only ``a`` can be fitted.
+
 Measured bytes come two ways: ``data_plane`` (geotrain's transport counters:
 activations, gradients, pseudo-gradients, headers; the simulator models
 these) and ``kernel`` (the htb/``lo`` counters: everything, DHT control plane
@@ -44,7 +54,8 @@ TARGET = 0.15  # |sim / measured - 1| the issue asks for
 FULL = ({"name": "2-stage", "stages": 2, "every": 10}, {"name": "1-stage", "stages": 1, "every": 10},
         {"name": "1-stage-H20", "stages": 1, "every": 20})
 SMOKE = ({"name": "smoke-1-stage", "stages": 1, "every": 5},)
-CALIBRATE_ON = "1-stage"  # the run whose unexplained per-step time and control-plane rate the others are predicted with
+# the runs whose unexplained per-step time (at two H) and control-plane rate the others are predicted with
+CALIBRATE_ON = ("1-stage", "1-stage-H20")
 MEMORY_GB = 16.0  # the report does not carry peers' memory; the tiny model fits anywhere
 
 
@@ -121,7 +132,8 @@ def sim_scenario(kept: dict[str, Any], *, in_run: bool) -> tuple[Any, list[list[
     steps = int(kept["job"]["stop"]["steps"])
     # overlap 0 (the e2e job) means a round blocks the next inner step; the coordinator's scenario leaves
     # overlap_sync at the planner's default (True), which would hide the round
-    job = {**base["job"], "overlap_sync": int(kept["job"]["sync"].get("overlap") or 0) > 0}
+    job = {**base["job"], "overlap_sync": int(kept["job"]["sync"].get("overlap") or 0) > 0,
+           "sync_intra_codec": spec.sync.intra_codec}
     d = {**base, "regions": sc["regions"], "links": links, "peers": peers, "job": job}
     if in_run:
         # a peer's effective speed in the run: its stage's FLOPs per inner step over the compute seconds
@@ -139,7 +151,8 @@ def sim_scenario(kept: dict[str, Any], *, in_run: bool) -> tuple[Any, list[list[
     return Scenario.from_dict(d), pipelines, steps
 
 
-def simulate_run(kept: dict[str, Any], *, in_run: bool, overhead_s: float = 0.0) -> dict[str, Any]:
+def simulate_run(kept: dict[str, Any], *, in_run: bool, overhead_s: float = 0.0,
+                 round_overhead_s: float = 0.0) -> dict[str, Any]:
     from geotrain.sim import SimConfig, simulate
 
     scenario, pipelines, steps = sim_scenario(kept, in_run=in_run)
@@ -147,7 +160,8 @@ def simulate_run(kept: dict[str, Any], *, in_run: bool, overhead_s: float = 0.0)
     hours = max(0.05, 20 * kept["wall_s"] / 3600.0)
     # the run waits for every pipeline (round_timeout_s 30 s): no deadline misses in the simulation either
     res = simulate(scenario, SimConfig(hours=hours, straggler_sigma=0.0, deadline_factor=1e6, seed=0,
-                                       step_overhead_s=overhead_s), initial_plan=pipelines)
+                                       step_overhead_s=overhead_s, round_overhead_s=round_overhead_s),
+                   initial_plan=pipelines)
     s = res.summary()
     tok_per_s = s["goodput_tokens_per_s"]
     job_tokens = kept["report"]["summary"]["tokens"]
@@ -160,8 +174,9 @@ def simulate_run(kept: dict[str, Any], *, in_run: bool, overhead_s: float = 0.0)
 
 
 def compare(kept: dict[str, Any], calibration: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Simulated against measured for one run; ``calibration`` (another run's :func:`calibrate`) adds the
-    ``calibrated`` figures: the in-run simulation plus that run's per-step overhead and control-plane rate."""
+    """Simulated against measured for one run; ``calibration`` (:func:`calibrate` of the calibration runs) adds
+    the ``calibrated`` figures (the in-run simulation plus the fitted per-step and per-round overheads and the
+    control-plane rate) and the ``step_only`` ones (the one-term calibration it replaces)."""
     m = measured_figures(kept)
     plan_sim = simulate_run(kept, in_run=False)
     run_sim = simulate_run(kept, in_run=True)
@@ -171,15 +186,19 @@ def compare(kept: dict[str, Any], calibration: dict[str, Any] | None = None) -> 
                            "measured": m, "sim_planner": plan_sim, "sim_in_run": run_sim}
     sims = [("planner", plan_sim), ("in_run", run_sim)]
     if calibration is not None:
-        cal = simulate_run(kept, in_run=True, overhead_s=calibration["step_overhead_s"])
+        cal = simulate_run(kept, in_run=True, overhead_s=calibration["step_overhead_s"],
+                           round_overhead_s=calibration["round_overhead_s"])
         # DHT heartbeats, progress and plan records, polling: bytes per peer per second, counted by the kernel
         control = calibration["control_bytes_per_peer_s"] * peers * (m["tokens"] / cal["tokens_per_s"]) \
             if calibration["control_bytes_per_peer_s"] is not None and cal["tokens_per_s"] else None
         cal["kernel_total_bytes"] = None if control is None else round(cal["total_bytes"] + control)
         rec["sim_calibrated"] = {**cal, "calibrated_on": calibration["name"],
                                  "step_overhead_s": calibration["step_overhead_s"],
+                                 "round_overhead_s": calibration["round_overhead_s"],
                                  "control_bytes_per_peer_s": calibration["control_bytes_per_peer_s"]}
-        sims.append(("calibrated", cal))
+        step_only = simulate_run(kept, in_run=True, overhead_s=calibration["step_only_overhead_s"])
+        rec["sim_step_only"] = {**step_only, "step_overhead_s": calibration["step_only_overhead_s"]}
+        sims += [("calibrated", cal), ("step_only", step_only)]
     rec["measured_step_s"] = round(m["wall_s"] / steps, 4)
     for key, sim in sims:
         rec[f"{key}_tokens_ratio"] = _ratio(sim["tokens_per_s"], m["tokens_per_s"])
@@ -197,13 +216,52 @@ def compare(kept: dict[str, Any], calibration: dict[str, Any] | None = None) -> 
     return rec
 
 
-def calibrate(kept: dict[str, Any]) -> dict[str, Any]:
-    """What one run says the model lacks: per-step overhead and the control plane's bytes per peer per second."""
-    rec = compare(kept)
-    m = rec["measured"]
-    ctrl = m.get("control_plane_bytes_per_s")
-    return {"event": "calibration", "name": kept["config"]["name"], "step_overhead_s": max(0.0, rec["unexplained_step_s"]),
-            "control_bytes_per_peer_s": None if ctrl is None else round(ctrl / len(kept["report"]["peers"]))}
+def fit_overheads(points: list[tuple[int, float]]) -> tuple[float, float, list[str]]:
+    """``(a, b, clamped)``: per-step and per-round overhead with unexplained time per step ``u = a + b / H``.
+
+    ``points`` are ``(H, u)`` of the calibration runs. Two runs at different H give two equations, solved
+    exactly (more are fitted by least squares). A negative term means the data contradict the model (noise
+    larger than the effect); it is set to 0 and the other term refitted alone, and ``clamped`` names it, so
+    the caller can say so. Runs at a single H cannot separate the terms: ``a`` is their mean, ``b`` 0.
+    """
+    xs = [1.0 / h for h, _ in points]
+    us = [u for _, u in points]
+    n = len(points)
+    if not n:
+        raise ValueError("fit_overheads needs at least one (H, unexplained) point")
+    x_mean, u_mean = sum(xs) / n, sum(us) / n
+    var = sum((x - x_mean) ** 2 for x in xs)
+    if var == 0.0:
+        return max(0.0, u_mean), 0.0, (["step_overhead_s"] if u_mean < 0 else [])
+    b = sum((x - x_mean) * (u - u_mean) for x, u in zip(xs, us, strict=True)) / var
+    a = u_mean - b * x_mean
+    if b < 0:  # per-step time grows with H: no round cost to see; all of it per step
+        return max(0.0, u_mean), 0.0, ["round_overhead_s"] + (["step_overhead_s"] if u_mean < 0 else [])
+    if a < 0:  # all of it per round: the least-squares line through the origin
+        b = max(0.0, sum(x * u for x, u in zip(xs, us, strict=True)) / sum(x * x for x in xs))
+        return 0.0, b, ["step_overhead_s"] + (["round_overhead_s"] if b == 0.0 else [])
+    return a, b, []
+
+
+def calibrate(kept_runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the calibration runs say the model lacks: per-step and per-round overheads (:func:`fit_overheads`)
+    and the control plane's bytes per peer per second (their mean)."""
+    points: list[dict[str, Any]] = []
+    rates: list[float] = []
+    for kept in kept_runs:
+        rec = compare(kept)
+        points.append({"name": kept["config"]["name"], "every": int(kept["job"]["sync"]["every"]),
+                       "unexplained_step_s": rec["unexplained_step_s"]})
+        ctrl = rec["measured"].get("control_plane_bytes_per_s")
+        if ctrl is not None:  # only with namespaces (kernel counters)
+            rates.append(ctrl / len(kept["report"]["peers"]))
+    a, b, clamped = fit_overheads([(p["every"], p["unexplained_step_s"]) for p in points])
+    return {"event": "calibration", "name": "+".join(p["name"] for p in points), "points": points,
+            "terms": 2 if len({p["every"] for p in points}) > 1 else 1,
+            "step_overhead_s": round(a, 5), "round_overhead_s": round(b, 4), "clamped": clamped,
+            # the one-term calibration this replaces: the first run's whole unexplained time, per step
+            "step_only_overhead_s": max(0.0, points[0]["unexplained_step_s"]),
+            "control_bytes_per_peer_s": round(sum(rates) / len(rates)) if len(rates) == len(points) else None}
 
 
 def _within(r: float | None) -> bool | None:
@@ -212,7 +270,8 @@ def _within(r: float | None) -> bool | None:
 
 def summary(recs: list[dict[str, Any]]) -> dict[str, Any]:
     out_of_sample = [r for r in recs if not r.get("calibrated_on_self")]
-    keys = ("planner_tokens_ratio", "in_run_tokens_ratio", "calibrated_tokens_ratio", "data_plane_cross_bytes_ratio",
+    keys = ("planner_tokens_ratio", "in_run_tokens_ratio", "calibrated_tokens_ratio", "step_only_tokens_ratio",
+            "data_plane_cross_bytes_ratio",
             "data_plane_total_bytes_ratio", "kernel_cross_bytes_ratio", "kernel_total_bytes_ratio",
             "calibrated_kernel_total_bytes_ratio")
     return {"event": "summary", "configs": len(recs), "target": f"within {TARGET:.0%}",
@@ -268,17 +327,17 @@ def train_runs(args: argparse.Namespace, configs: tuple[dict[str, Any], ...]) ->
 
 
 def analyse(kept_runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One line per run; the overhead and control-plane rate come from one run (``CALIBRATE_ON`` if it ran)
-    and are applied to the others (out of sample) and, marked, to itself."""
+    """One line per run; the overheads and control-plane rate come from the calibration runs (``CALIBRATE_ON``
+    that ran, else the first run) and are applied to the others (out of sample) and, marked, to themselves."""
     if not kept_runs:
         return []
-    cal_run = next((k for k in kept_runs if k["config"]["name"] == CALIBRATE_ON), kept_runs[0])
-    cal = calibrate(cal_run)
+    cal_runs = [k for k in kept_runs if k["config"]["name"] in CALIBRATE_ON] or kept_runs[:1]
+    cal = calibrate(cal_runs)
     _say(cal)
     recs = []
     for k in kept_runs:
         rec = compare(k, cal)
-        rec["calibrated_on_self"] = k is cal_run
+        rec["calibrated_on_self"] = any(k is c for c in cal_runs)
         recs.append(rec)
         _say(rec)
     return recs
