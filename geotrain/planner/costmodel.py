@@ -45,7 +45,8 @@ All pipelines take part in every round, so the round waits for the slowest:
 **Tied embeddings** (``model.tied_param_bytes`` = :math:`E > 0`): when the
 first and last stage are different peers they swap and sum :math:`E` bytes of
 gradients after the schedule, adding :math:`2E/\beta + \rho` (first-last
-link) to :math:`T_p` and :math:`E` bytes each way to the traffic.
+link) to :math:`T_p` and :math:`E` bytes each way to the traffic. A stage
+holding both ends holds one copy, so its group's round carries it once.
 
 **Round**. A *stage group* is the set of peers that hold the same layers in
 every pipeline (one per pipeline). Its pseudo-gradient has
@@ -341,6 +342,8 @@ class CostModel:
                     holders = tuple(next(st.peer for st in pipe if st.layers[0] <= a < st.layers[1])
                                     for pipe in pipelines)
                     groups[holders] = groups.get(holders, 0.0) + (self.params[b] - self.params[a]) / self.d
+            if self.tied:
+                self._dedupe_tied(pipelines, groups)
             for members, n_params in groups.items():
                 y = self._group_sync(members, n_params, sync_bytes)
                 if y is None:
@@ -371,6 +374,20 @@ class CostModel:
             bottleneck=bottleneck,
             pipeline_steps_s=tuple(steps),
         )
+
+    def _dedupe_tied(self, pipelines: Sequence[Sequence[StageAssignment]], groups: dict[tuple[str, ...], float]) -> None:
+        """Count tied weights once in the group whose peers hold both ends of the model.
+
+        The profile lists the tied weight in the first and in the last layer. A stage holding both keeps
+        one shared tensor, so its pseudo-gradient carries it once; counting it twice made a 1-stage
+        run's round bytes ~10% high (docs/scaling.md). Stages holding one end each sync their copy.
+        """
+        def holders(layer: int) -> tuple[str, ...]:
+            return tuple(next(st.peer for st in pipe if st.layers[0] <= layer < st.layers[1]) for pipe in pipelines)
+
+        first = holders(0)
+        if first == holders(self.n_layers - 1) and first in groups:
+            groups[first] -= self.tied / self.d
 
     def _intra_with_overrides(self, qs: Sequence[str], region_ln: Link) -> tuple[float, float]:
         """:func:`_butterfly_coeff` for one region's members: the region link plus each peer's overrides.

@@ -60,3 +60,27 @@ def test_unknown_intra_codec_is_refused() -> None:
     peers = [peer("p0", "r0")]
     with pytest.raises(ScenarioError, match="sync_intra_codec"):
         Scenario.from_dict(scenario(peers, [link("r0", "r0", 10.0, 1.0)], sync_intra_codec="zip"))
+
+
+
+def _r0_bytes(stages: int, tied: int) -> float:
+    """Bytes per step inside r0 (H = 1) of 4 pipelines over 2 regions, with ``tied`` bytes tied first <-> last."""
+    peers = [peer(f"p{i}", f"r{i % 2}") for i in range(4 * stages)]
+    links = [link("r0", "r0", 10.0, 1.0), link("r1", "r1", 10.0, 1.0), link("r0", "r1", 1.0, 50.0)]
+    d = scenario(peers, links, sync_codec="none")
+    d["model"]["tied_param_bytes"] = tied
+    cuts = [(0, 4)] if stages == 1 else [(0, 2), (2, 4)]
+    # pipeline i: stage s on peer p{4 s + i}, all in region i % 2, so every stage group has 2 members per region
+    pipes = [[StageAssignment(peer=f"p{4 * s + i}", layers=lr) for s, lr in enumerate(cuts)] for i in range(4)]
+    pred = CostModel(Scenario.from_dict(d)).predict(pipes)
+    assert isinstance(pred, Prediction), pred
+    return pred.bytes_per_region_pair[("r0", "r0")]
+
+
+def test_tied_weight_synced_once_when_one_stage_holds_both_ends() -> None:
+    tied = 500_000  # bf16 bytes, listed in the first and in the last layer's parameters
+    # one stage holds the shared tensor once: the round (1 member up, the leader down, fp32) carries it once
+    assert _r0_bytes(1, 0) - _r0_bytes(1, tied) == pytest.approx(2 * 4.0 * tied / 2)
+    # two stages: each end syncs its own copy in its own group; what tying adds is the gradient swap
+    # between the ends, each way, of r0's 2 pipelines
+    assert _r0_bytes(2, tied) - _r0_bytes(2, 0) == pytest.approx(2 * 2 * tied)
