@@ -49,8 +49,12 @@ def test_e2e_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     if config["network"] == "netns":
         for ln in contenders.values():
             assert ln["bytes_method"] == "kernel"
-            # all regions exchanged bytes during training
-            assert all(v > 0 for v in ln["bytes_by_region_pair"].values()), ln["bytes_by_region_pair"]
+            # every region sent and received bytes during training (not every pair: an all-reduce may route
+            # through one region, e.g. hivemind's load balancing can give a peer no part to reduce)
+            pairs = ln["bytes_by_region_pair"]
+            for region in set(config["regions"]):
+                assert sum(v for k, v in pairs.items() if k.startswith(f"{region}->")) > 0, (ln["name"], pairs)
+                assert sum(v for k, v in pairs.items() if k.endswith(f"->{region}")) > 0, (ln["name"], pairs)
         # DP sends every gradient every step across regions; geotrain only its int8 pseudo-gradients per round
         assert summary["vs_ddp"]["cross_region_bytes_ratio"] > 2
 
