@@ -105,7 +105,8 @@ class PeerAgent:
         from geotrain.peers.benchmark import BenchmarkConfig, measure_compute
 
         compute = measure_compute(BenchmarkConfig(device=self.config.device, max_seconds=self.config.benchmark_s))
-        self._device = "cuda" if compute.device_type == "cuda" and self.config.device == "auto" else self.config.device
+        # "auto" resolves to what the benchmark found (cuda, else cpu)
+        self._device = compute.device_type if self.config.device == "auto" else self.config.device
         started = time.time()
 
         def make_record() -> PeerRecord:
@@ -127,6 +128,10 @@ class PeerAgent:
             )
 
         self._record = make_record()
+        # torch's one-time initialisation (~1 s on a CPU core) overlaps joining, not the first plan
+        warm = threading.Thread(target=self._warm_up, name="gt-warm", daemon=True)
+        warm.start()
+        self._threads.append(warm)
         serve_probes(self.transport)
         # answered from the start: a stage-group member checks its round leader with it, maybe before
         # the leader has built its round runner (which serves it too)
@@ -141,6 +146,14 @@ class PeerAgent:
             t.start()
             self._threads.append(t)
         return self._record
+
+    def _warm_up(self) -> None:
+        from geotrain.peers.benchmark import warm_up_torch
+
+        try:
+            logger.debug("torch warmed up in %.2fs", warm_up_torch(self._device))
+        except Exception as e:  # an odd device must not stop the peer: the first plan pays instead
+            logger.info("torch warm-up failed: %s", e)
 
     def stop(self) -> None:
         self._stop.set()

@@ -165,3 +165,25 @@ def system_memory_bytes() -> int:
         if text.isdigit() and 0 < int(text) < (total or 1 << 62):
             total = int(text)
     return total
+
+
+def warm_up_torch(device: str = "cpu") -> float:
+    """Pay torch's one-time lazy initialisation now, not when the first plan arrives; returns seconds spent.
+
+    Why? The first module built on the ``meta`` device (how stages are built) imports
+    torch's decompositions: about 1 s on a CPU core, once per process. The first
+    autograd backward and the first AdamW step have smaller one-time costs of their own.
+    Run by the agent in the background while it joins the swarm, so a peer that is
+    handed a stage starts training at once.
+    """
+    import torch
+
+    t0 = time.perf_counter()
+    with torch.device("meta"):
+        torch.nn.Embedding(2, 2)
+        torch.nn.Linear(2, 2)
+    layer = torch.nn.Linear(4, 4).to(device)
+    opt = torch.optim.AdamW(layer.parameters(), lr=1e-3)
+    layer(torch.ones(2, 4, device=device)).sum().backward()
+    opt.step()
+    return time.perf_counter() - t0

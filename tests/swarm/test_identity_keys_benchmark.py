@@ -70,3 +70,17 @@ def test_compute_benchmark_is_bounded_and_plausible() -> None:
         BenchmarkConfig(size=3)
     with pytest.raises(ConfigError, match="device"):
         BenchmarkConfig(device="tpu")
+
+
+def test_torch_warm_up_runs_in_a_fresh_process_and_leaves_meta_builds_initialised() -> None:
+    # a fresh interpreter, so the one-time initialisation really happens inside warm_up_torch
+    import subprocess
+    import sys
+
+    code = (
+        "import torch; from geotrain.peers.benchmark import warm_up_torch\n"
+        "import sys; before = set(sys.modules); s = warm_up_torch('cpu'); assert s > 0\n"
+        "after = set(sys.modules) - before; assert any(m.startswith('torch._decomp') for m in after), sorted(after)[:20]\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
