@@ -32,6 +32,7 @@ from geotrain.coordinator.report import write_report
 from geotrain.errors import GeotrainError, InfeasiblePlanError, SwarmError
 from geotrain.plan import JobPlan
 from geotrain.swarm import Swarm
+from geotrain.swarm.news import PLAN_NEWS, PROGRESS_NEWS, Contact, NewsWaiter, send_news, serve_news
 from geotrain.swarm.records import JobRecord, PeerRecord, PlanRecord, ProgressRecord
 from geotrain.transport import Transport
 
@@ -92,9 +93,27 @@ class Coordinator:
         self._stop = threading.Event()
         self.plan: JobPlan | None = None
         self._run = _Run(started=time.time())
+        # the watch loop reads progress every poll_s, or at once when a peer sends news (done, stalled)
+        self._progress_news = NewsWaiter(self._stop, poll_s=config.poll_s)
+        if transport is not None:
+            serve_news(transport, PROGRESS_NEWS, self._progress_news)
 
     def stop(self) -> None:
         self._stop.set()
+        self._progress_news.poke()
+
+    def _admit(self, peers: dict[str, PeerRecord]) -> None:
+        """Closed swarm: the job's verified peers may reach this coordinator's data plane (their news)."""
+        if self.transport is not None and self.transport.config.curve is not None:
+            self.transport.allow_clients({r.curve_public_key.encode() for r in peers.values() if r.curve_public_key})
+
+    def _announce(self, plan: JobPlan) -> None:
+        """News of a plan record just written: the plan's peers read it now instead of at their next poll."""
+        if self.transport is None:
+            return
+        contacts = [Contact(sl.peer, sl.endpoint, sl.region or None, sl.curve_public_key)
+                    for pipe in plan.pipelines for sl in pipe if sl.endpoint]
+        send_news(self.transport, contacts, PLAN_NEWS)
 
     def _t(self) -> float:
         return time.time() - self._run.started
@@ -113,6 +132,7 @@ class Coordinator:
             published_at=time.time(),
             curve_public_key=None if adm is None else adm.curve_public_key,
             admission=None if adm is None else adm.own_proof(self.swarm.peer_id),
+            endpoint=None if self.transport is None else self.transport.address,
         )
         self.swarm.publish_job(rec)
 
@@ -124,6 +144,7 @@ class Coordinator:
         links_since: float | None = None
         while not self._stop.is_set():
             peers = self._takers(self.swarm.get_peers())
+            self._admit(peers)
             for pid, rec in peers.items():
                 if pid not in announced:
                     announced.add(pid)
@@ -192,6 +213,7 @@ class Coordinator:
             PlanRecord(job_id=self.config.job_id, version=version, plan=plan.to_dict(), published_at=time.time())
         )
         self.plan = plan
+        self._announce(plan)
         self._run.plans.append(
             {
                 "version": version,
@@ -252,8 +274,7 @@ class Coordinator:
         joiner_since: float | None = None
         last_tick = time.time()
         finish_deadline: float | None = None
-        while not self._stop.is_set():
-            self._stop.wait(self.config.poll_s)
+        while self._progress_news.wait():
             now = time.time()
             dt, last_tick = now - last_tick, now
             if time.monotonic() - last_job_publish > self.swarm.config.record_ttl_s / 3:
@@ -265,6 +286,7 @@ class Coordinator:
             try:
                 progress = {pid: p for pid, p in self.swarm.get_progress().items() if p.job_id == self.config.job_id}
                 peers = {pid: rec for pid, rec in self.swarm.get_peers().items() if pid in progress}
+                self._admit(peers)
             except GeotrainError as e:
                 logger.info("DHT read failed: %s", e)
                 continue
@@ -413,6 +435,7 @@ class Coordinator:
             PlanRecord(job_id=self.config.job_id, version=new.version, plan=new.to_dict(), published_at=time.time())
         )
         self.plan = new
+        self._announce(new)
         self._event("stop", version=new.version, stop_step=stop_at)
 
     # -- money and the report ---------------------------------------------------------------------

@@ -39,6 +39,7 @@ from geotrain.errors import (
 from geotrain.peers.probe import ProbeConfig, measure_link, serve_probes
 from geotrain.plan import JobPlan
 from geotrain.swarm import Swarm
+from geotrain.swarm.news import PLAN_NEWS, PROGRESS_NEWS, Contact, NewsWaiter, send_news, serve_news
 from geotrain.swarm.records import LinkMeasurement, LinkRow, PeerRecord, ProgressRecord
 from geotrain.transport import Message, Transport
 
@@ -99,6 +100,9 @@ class PeerAgent:
         self._job_baseline: Any = None  # transport counters when this peer joined the current job
         self._following: str | None = None  # the job this peer follows (before any plan names it)
         self._threads: list[threading.Thread] = []
+        # the watcher reads the DHT every poll_s, or at once when the coordinator sends news of a plan
+        self._plan_news = NewsWaiter(self._stop, poll_s=config.poll_s)
+        self._coordinator: Contact | None = None  # where to send news of this peer's progress
 
     # -- setup ------------------------------------------------------------------------------------
     def start(self) -> PeerRecord:
@@ -139,6 +143,7 @@ class PeerAgent:
         from geotrain.peers.state import serve_state
 
         serve_state(self.transport, lambda: self._worker, lambda: self._last_state)
+        serve_news(self.transport, PLAN_NEWS, self._plan_news)
         hb = self.swarm.start_heartbeat(make_record)
         hb.wait_first(timeout=self.swarm.config.timeout_s)
         for target, name in ((self._probe_loop, "probe"),):
@@ -157,6 +162,7 @@ class PeerAgent:
 
     def stop(self) -> None:
         self._stop.set()
+        self._plan_news.poke()
 
     # -- link probes ------------------------------------------------------------------------------
     def _probe_loop(self) -> None:
@@ -236,6 +242,9 @@ class PeerAgent:
             self._job_key = key
         job = self._job
         self._following = rec.job_id  # progress says "idle, following this job" until a plan names us
+        self._coordinator = (
+            Contact(owner, rec.endpoint, curve_public_key=rec.curve_public_key) if rec.endpoint else None
+        )
         prec = self.swarm.latest_plan(job_id=rec.job_id, publisher=owner)
         if prec is None:
             return None
@@ -258,7 +267,7 @@ class PeerAgent:
                 with self._lock:
                     self._latest = current
                 self._news.set()
-            self._stop.wait(self.config.poll_s)
+            self._plan_news.wait()
 
     def _progress_loop(self) -> None:
         """Background: publish this peer's progress every ``progress_every_s``."""
@@ -306,6 +315,7 @@ class PeerAgent:
                     logger.warning("step %d failed: %s; waiting for a new plan", step, e)
                     self._status = "stalled"
                     self._publish_progress(step, self._metrics)
+                    self._tell_coordinator()
                 if time.monotonic() - stalled_since > self.config.stall_wait_s:
                     logger.error("no new plan within %.0fs of a failure; leaving the job", self.config.stall_wait_s)
                     self._retire()
@@ -369,9 +379,15 @@ class PeerAgent:
             self._last_state = self._worker.state()
             self._step_now = step
             self._publish_progress(step, self._metrics)
+            self._tell_coordinator()
             self._emit({"event": "done", "peer_id": self.peer_id, "step": step})
         self._news.wait(self.config.poll_s)
         self._news.clear()
+
+    def _tell_coordinator(self) -> None:
+        """News of this peer's progress (just published on the DHT): the coordinator reads it now."""
+        if self._coordinator is not None:
+            send_news(self.transport, [self._coordinator], PROGRESS_NEWS)
 
     def _publish_idle(self, job_id: str) -> None:
         try:

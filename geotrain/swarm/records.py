@@ -106,6 +106,15 @@ class JobRecord(_Record):
     published_at: Seconds
     curve_public_key: Annotated[str, Field(min_length=40, max_length=40)] | None = None  # the coordinator's
     admission: Annotated[str, Field(min_length=64, max_length=64)] | None = None  # swarm-key proof (hex)
+    # the coordinator's data-plane address: peers send it news (geotrain.swarm.news) there
+    endpoint: Annotated[str, Field(max_length=300)] | None = None
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        if v is not None and not _ENDPOINT_RE.match(v):
+            raise ValueError(f"endpoint {v!r} must look like tcp://HOST:PORT")
+        return v
 
 
 class PlanRecord(_Record):
