@@ -77,7 +77,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--every", type=int, default=None, help="DiLoCo H for geotrain and flat DiLoCo (default 10; smoke 5)")
     p.add_argument("--codec", default="int8", help="geotrain's cross-region pseudo-gradient codec")
     p.add_argument("--fragments", type=int, default=1, help="geotrain's streaming fragments")
-    p.add_argument("--overlap", type=int, default=0, help="geotrain's overlap tau (inner steps)")
+    p.add_argument("--overlap", type=int, default=None,
+                   help="geotrain's overlap tau (inner steps a round hides behind; default H/2, 0 blocks)")
     p.add_argument("--stages", type=int, default=None,
                    help="geotrain's pipeline stages (default 2 when every region has >= 2 peers, else 1)")
     p.add_argument("--timeout", type=float, default=None, help="seconds allowed per contender")
@@ -91,6 +92,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.peers = args.peers or (3 if smoke else 6)
     args.preset = args.preset or "tiny"
     args.every = args.every or (5 if smoke else 10)
+    args.overlap = args.every // 2 if args.overlap is None else args.overlap
     args.timeout = args.timeout or (100.0 if smoke else 420.0)
     if args.budget_tokens is None:
         args.budget_tokens = 3 * 16 * 32 * 15 if smoke else 6 * 16 * 32 * 300
@@ -139,8 +141,7 @@ def job_dict(args: argparse.Namespace, work: Path, regions: int) -> dict[str, An
         "codecs": {"activation": "fp16", "activation_grad": "fp16"},
         "stop": {"steps": steps},
         "checkpoint": {"dir": str(work / "geotrain" / "ckpt"), "every_rounds": 1},
-        "swarm": {"min_peers": args.peers, "wait_peers_s": 180.0, "hop_timeout_s": 30.0, "round_timeout_s": 30.0,
-                  "heartbeat_s": 2.0},
+        "swarm": {"min_peers": args.peers, "wait_peers_s": 180.0, "hop_timeout_s": 30.0, "round_timeout_s": 30.0},
         "report": {"dir": str(work / "geotrain"), "eval_batches": 4 if args.smoke else 8},
     }
 
@@ -190,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     init_loss = validation_loss(spec_job)
     _say({"event": "config", "peers": args.peers, "regions": regions, "preset": args.preset,
           "budget_tokens": args.budget_tokens, "steps_per_peer": steps, "batch_per_peer": batch, "seq_len": seq_len,
-          "every": args.every, "network": "netns" if shaped else "loopback", "bytes_method": network.bytes_method,
+          "every": args.every, "overlap": args.overlap, "network": "netns" if shaped else "loopback", "bytes_method": network.bytes_method,
           "scale": args.scale, "init_val_loss": init_loss, "notes": notes, "work_dir": str(work)})
     lines: dict[str, dict[str, Any]] = {}
     curves: dict[str, list[dict[str, Any]]] = {}

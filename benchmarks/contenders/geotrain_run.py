@@ -82,7 +82,7 @@ def run_geotrain(
         peers = []
         for i, region in enumerate(regions):
             cmd = ["peer", "--initial-peers", *maddrs, "--region", region, "--host", network.host(region),
-                   "--threads", "1", "--heartbeat", "2", "--probe-every", "600", "--price", str(prices.get(region, 1.0)),
+                   "--threads", "1", "--probe-every", "600", "--price", str(prices.get(region, 1.0)),
                    "--job", job_id, "--emulate", str(scenario_path)]
             if not network.kernel_shaped:
                 cmd.append("--emulate-bandwidth")

@@ -46,7 +46,7 @@ DONE = 2.0  # ProgressRecord.stats["status"] of a peer that reached the stop ste
 class CoordinatorConfig:
     job_id: str
     report_dir: Path
-    poll_s: float = 1.0
+    poll_s: float = 2.0
     replan_grace_s: float = 3.0
     join_grace_s: float = 5.0
     finish_timeout_s: float = 120.0

@@ -57,8 +57,8 @@ class AgentConfig:
     device: str = "cpu"
     probe_every_s: float = 60.0
     probe: ProbeConfig = field(default_factory=ProbeConfig)
-    poll_s: float = 1.0
-    progress_every_s: float = 1.0
+    poll_s: float = 2.0
+    progress_every_s: float = 2.0
     stall_wait_s: float = 120.0
     job_id: str | None = None
     benchmark_s: float = 0.5
