@@ -107,6 +107,7 @@ def scenario_dict(
             "pipelines": None if pipe.pipelines == "auto" else pipe.pipelines,
             "activation_codec": job.codecs.activation,
             "sync_codec": job.sync.codec,
+            "sync_intra_codec": job.sync.intra_codec,  # members -> their region's leader
             "overlap_sync": job.sync.overlap > 0,  # a blocking round (overlap 0) is not hidden behind compute
             "objective": job.objective.planner_objective(),
         },
