@@ -506,7 +506,7 @@ class Transport:
                         self._on_handshake_event(peer, sock, redials)
                     else:
                         if flags & zmq.POLLIN:
-                            self._receive(sock, routed=False)
+                            self._receive(sock, routed=False, via=by_socket[sock])
                         if flags & zmq.POLLOUT:
                             self._flush(by_socket[sock], poller, timers, seq)
                 while timers and timers[0][0] <= time.monotonic():
@@ -614,7 +614,7 @@ class Transport:
             self._stats.sent_messages += 1
 
 
-    def _receive(self, sock: zmq.Socket[Any], *, routed: bool) -> None:
+    def _receive(self, sock: zmq.Socket[Any], *, routed: bool, via: str | None = None) -> None:
         # Drain what is ready without starving the other sockets.
         for _ in range(64):
             try:
@@ -625,14 +625,36 @@ class Transport:
             if routed:
                 route = frames[0].bytes
                 frames = frames[1:]
-            self._accept(frames, route)
+            self._accept(frames, route, via)
 
-    def _accept(self, frames: list[zmq.Frame], route: bytes | None) -> None:
+    def _sender_proven(self, sender: str, first: zmq.Frame, via: str | None) -> bool:
+        """Closed swarm: the header's sender is the peer the CURVE handshake proved, not another member.
+
+        On our outbox to ``via`` only ``via`` answers (we checked its server key). On the inbox,
+        a sender whose key we know must be the client key ZAP admitted (libzmq's User-Id); a
+        sender we know no key for was admitted by the allow-list and claims nobody we talk to.
+        """
+        if via is not None:
+            return sender == via
+        remote = self._remotes.get(sender)
+        if remote is None or remote.server_key is None:
+            return True
+        try:
+            user = first.get("User-Id")
+        except zmq.ZMQError:
+            return False
+        return isinstance(user, str) and user.encode() == remote.server_key
+
+    def _accept(self, frames: list[zmq.Frame], route: bytes | None, via: str | None = None) -> None:
         sender = "?"
         try:
             check_frame_count(len(frames), self._limits)
             header = unpack_header(frames[0].buffer, self._limits)
             sender = header.sender
+            if self.config.curve is not None and not self._sender_proven(sender, frames[0], via):
+                self._count_drop("AuthenticationError", sender, "the header names a peer other than the one "
+                                 "whose CURVE key sent it")
+                return
             tensors = split_tensors(header, [f.buffer for f in frames[1:]], self._limits)
             if not self._fresh(header):
                 raise StaleMessageError(f"message for job {header.job!r} plan {header.plan}")

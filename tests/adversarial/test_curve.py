@@ -81,3 +81,22 @@ def test_unknown_curve_client_is_refused_at_the_handshake(started: list[Transpor
         rx.recv("hello", timeout=2.0)
     assert rx.stats.recv_messages == 0
     assert rx.stats.dropped["AuthenticationError"] >= 1  # refused, counted
+
+
+def test_a_member_cannot_speak_for_another_member(started: list[Transport]) -> None:
+    a, m, r = curve(), curve(), curve()
+    r_cfg = CurveConfig(public_key=r.public_key, secret_key=r.secret_key,
+                        allowed_clients=frozenset({a.public_key, m.public_key}))
+    rx = Transport(TransportConfig(curve=r_cfg), peer_id="rx").start()
+    genuine = Transport(TransportConfig(curve=a), peer_id="a").start()
+    forger = Transport(TransportConfig(curve=m), peer_id="a").start()  # an admitted member claiming to be "a"
+    started.extend([rx, genuine, forger])
+    rx.connect("a", genuine.address, curve_server_key=a.public_key)  # rx knows a's key from its record
+    forger.connect("rx", rx.address, curve_server_key=r.public_key)
+    forger.send("rx", Message(kind="pp.act", tag=(0,), tensors={"x": torch.zeros(3)}), timeout=10)
+    with pytest.raises(PeerTimeoutError):
+        rx.recv("pp.act", (0,), timeout=2)
+    assert rx.stats.dropped["AuthenticationError"] >= 1
+    genuine.connect("rx", rx.address, curve_server_key=r.public_key)
+    genuine.send("rx", Message(kind="pp.act", tag=(1,), tensors={"x": torch.ones(3)}), timeout=10)
+    assert torch.equal(rx.recv("pp.act", (1,), timeout=20).tensors["x"], torch.ones(3))
