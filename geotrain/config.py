@@ -28,9 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union
 
-import tomllib
-
 from geotrain.errors import ConfigError
+from geotrain.files import read_structured
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -326,51 +325,10 @@ def job_from_dict(data: dict[str, Any]) -> JobSpec:
     return JobSpec(**{name: _section(hints[name], value, name) for name, value in data.items()})
 
 
-def _too_deep(text: str, *, limit: int) -> bool:
-    """Bracket nesting beyond ``limit`` outside strings and comments, found without recursion.
-
-    tomllib recurses once per level: a hostile file nested thousands deep would hit
-    Python's recursion limit inside the parser, so it is refused before parsing.
-    """
-    depth = 0
-    quote = ""
-    comment = False
-    for ch in text:
-        if comment:
-            comment = ch != "\n"
-        elif quote:
-            if ch == quote:
-                quote = ""
-        elif ch in "\"'":
-            quote = ch
-        elif ch == "#":
-            comment = True
-        elif ch in "[{":
-            depth += 1
-            if depth > limit:
-                return True
-        elif ch in "]}":
-            depth = max(0, depth - 1)
-    return False
-
-
 def load_job(path: str | Path) -> JobSpec:
     """Read and validate a TOML job file."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ConfigError(f"cannot read job file {p}: {e.strerror}") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"job file {p} is not UTF-8 text (byte {e.start}); write it as TOML") from None
-    if _too_deep(text, limit=32):
-        raise ConfigError(f"{p} nests arrays or tables too deeply to be a job file")
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{p} is not valid TOML: {e}") from None
-    except RecursionError:  # tomllib recurses per nesting level: a hostile file nests thousands deep
-        raise ConfigError(f"{p} nests arrays or tables too deeply to be a job file") from None
+    data = read_structured(p, what="job file", fmt="toml")
     try:
         return job_from_dict(data)
     except ConfigError as e:

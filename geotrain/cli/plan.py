@@ -14,6 +14,7 @@ import math
 from typing import Any
 
 from geotrain.errors import ScenarioError
+from geotrain.files import read_structured
 
 
 def register(sub: Any) -> None:
@@ -35,17 +36,7 @@ def load_scenario(path: str) -> Any:
     """Read and parse a scenario file; errors name the file and the field."""
     from geotrain.planner import Scenario
 
-    try:
-        with open(path, encoding="utf-8") as f:
-            raw = json.load(f)
-    except OSError as e:
-        raise ScenarioError(f"cannot read scenario {path!r}: {e.strerror}") from None
-    except json.JSONDecodeError as e:
-        raise ScenarioError(f"scenario {path!r} is not valid JSON: {e}") from None
-    except UnicodeDecodeError as e:
-        raise ScenarioError(f"scenario {path!r} is not UTF-8 text (byte {e.start}); write it as JSON") from None
-    except RecursionError:  # json recurses per nesting level: a hostile file nests thousands deep
-        raise ScenarioError(f"scenario {path!r} nests arrays or objects too deeply to be a scenario") from None
+    raw = read_structured(path, what="scenario", fmt="json", error=ScenarioError)
     try:
         return Scenario.from_dict(raw)
     except ScenarioError as e:

@@ -14,7 +14,6 @@ file) so emulation does not depend on the planner package.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from geotrain.errors import ScenarioError
+from geotrain.files import read_structured
 
 logger = logging.getLogger(__name__)
 
@@ -129,18 +129,7 @@ def topology_from_dict(scenario: Mapping[str, Any]) -> Topology:
 def load_topology(path: str | Path) -> Topology:
     """Read the ``regions``/``links`` part of a scenario JSON file."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ScenarioError(f"cannot read scenario file {p}: {e.strerror or e}") from None
-    except UnicodeDecodeError as e:
-        raise ScenarioError(f"scenario file {p} is not UTF-8 text (byte {e.start}); write it as JSON") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ScenarioError(f"scenario file {p} is not valid JSON: {e}") from None
-    except RecursionError:  # json recurses per nesting level: a hostile file nests thousands deep
-        raise ScenarioError(f"scenario file {p} nests arrays or objects too deeply") from None
+    data = read_structured(p, what="scenario file", fmt="json", error=ScenarioError)
     try:
         return topology_from_dict(data)
     except ScenarioError as e:
