@@ -376,6 +376,10 @@ class PeerAgent:
         if self._status != "done":
             self._status = "done"
             assert self._worker is not None
+            try:
+                self._worker.finish()  # the last round in flight, then the final checkpoint
+            except GeotrainError as e:  # a failed last round: the state of the rounds before it stands
+                logger.warning("finishing at step %d: %s", step, e)
             self._last_state = self._worker.state()
             self._step_now = step
             self._publish_progress(step, self._metrics)

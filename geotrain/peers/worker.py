@@ -232,6 +232,20 @@ class StageWorker:
             self.tokens += m.tokens
         return m
 
+    def finish(self) -> None:
+        """The stop step is reached: apply the rounds still in flight, then checkpoint the final state.
+
+        With streaming (overlap > 0) the round started at the last boundary is due
+        ``overlap`` steps later, which never come: without this the final global
+        model (checkpoint, report, state served to the coordinator) would miss the
+        last round. Every member stops at the same step, so all of them take part.
+        """
+        with self._commit_lock:
+            for sync in self.syncs:
+                sync.flush()
+        self.round = min((o.version for sync in self.syncs for o in sync.outer), default=self.round)
+        self._maybe_checkpoint(self._step)  # rewrites the boundary's checkpoint with the flushed state
+
     def _maybe_checkpoint(self, done: int) -> None:
         """After a round boundary: the first member of each of this peer's groups writes the group's state."""
         plan = self.plan

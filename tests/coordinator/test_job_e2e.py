@@ -33,8 +33,11 @@ def tiny_job(*, steps: int, min_peers: int = 4) -> dict[str, Any]:
     }
 
 
-def test_tiny_job_trains_and_reports(children: ChildGroup, tmp_path: Path) -> None:
-    job = job_from_dict(tiny_job(steps=20))
+@pytest.mark.parametrize("overlap", [0, 2])
+def test_tiny_job_trains_and_reports(children: ChildGroup, tmp_path: Path, overlap: int) -> None:
+    spec = tiny_job(steps=20)
+    spec["sync"]["overlap"] = overlap  # streaming: the last round is still in flight at the stop step
+    job = job_from_dict(spec)
     swarm = start_local_swarm(children, regions=["us", "us", "eu", "eu"], job_id="e2e-basic", heartbeat_s=1.0)
     events: list[dict[str, Any]] = []
     report = run_coordinator(None, initial_peers=swarm.maddrs, job_id="e2e-basic", report_dir=tmp_path,
@@ -46,6 +49,7 @@ def test_tiny_job_trains_and_reports(children: ChildGroup, tmp_path: Path) -> No
     val = [v for v in data["validation"] if v["loss"] is not None]
     assert val[0]["source"] == "init" and val[-1]["source"] == "global"
     assert val[-1]["loss"] < val[0]["loss"] - 0.3, val
+    assert val[-1]["round"] == 20 // 5, val  # the final global model holds every round, the last one too
     s = report["summary"]
     pipelines = len(data["plans"][-1]["pipelines"])  # the planner's choice (measured compute varies here)
     assert s["tokens"] == pipelines * 20 * 4 * 2 * 32  # pipelines x 20 steps x (4 x 2) sequences x 32 tokens
