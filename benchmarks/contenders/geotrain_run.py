@@ -77,7 +77,7 @@ def run_geotrain(
     home = regions[0]
     with Procs(network, stderr_dir=str(work_dir)) as procs:
         before_setup = network.counters()
-        boot = procs.start("dht", "geotrain", ["dht", "--host", network.host(home)], region=home)
+        boot = procs.start_in("dht", "geotrain", ["dht", "--host", network.host(home)], region=home)
         maddrs = boot.wait_event("ready", left())["maddrs"]
         peers = []
         for i, region in enumerate(regions):
@@ -86,10 +86,10 @@ def run_geotrain(
                    "--job", job_id, "--emulate", str(scenario_path)]
             if not network.kernel_shaped:
                 cmd.append("--emulate-bandwidth")
-            peers.append(procs.start(f"peer{i}-{region}", "geotrain", cmd, region=region))
+            peers.append(procs.start_in(f"peer{i}-{region}", "geotrain", cmd, region=region))
         for p in peers:
             p.wait_event("ready", left())
-        coord = procs.start("coordinator", "geotrain",
+        coord = procs.start_in("coordinator", "geotrain",
                             ["run", str(job_path), "--initial-peers", *maddrs, "--job-id", job_id,
                              "--report-dir", str(report_dir), "--host", network.host(home), "--json"], region=home)
         coord.wait_event("plan", left())

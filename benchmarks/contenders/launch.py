@@ -11,8 +11,9 @@ A *network* is where the contenders' peers live:
   (no root). Contenders count their own bytes where they can.
 
 :class:`Procs` starts ``python -m MODULE ...`` children in a region (their own
-process group, stdin kept open for the start barrier), collects their JSON
-lines, waits on events with timeouts and ends every child on close.
+process group, stdin kept open for the start barrier) with the tests'
+:class:`~geotrain.testing.procs.ChildGroup`: JSON lines collected, events
+waited on with timeouts, every child ended on close.
 """
 
 from __future__ import annotations
@@ -20,126 +21,36 @@ from __future__ import annotations
 import json
 import logging
 import os
-import queue
-import signal
 import subprocess
-import sys
-import threading
-import time
 from collections.abc import Sequence
 from typing import Any
+
+from geotrain.testing.procs import Child, ChildGroup
 
 logger = logging.getLogger(__name__)
 
 COUNTER_TIMEOUT_S = 10.0
 
 
-class Proc:
-    """One child and the JSON events it printed so far."""
-
-    def __init__(self, name: str, popen: subprocess.Popen[str]) -> None:
-        self.name, self.popen = name, popen
-        self.events: queue.Queue[dict[str, Any]] = queue.Queue()
-        self.seen: list[dict[str, Any]] = []
-        self.lines: list[str] = []
-        threading.Thread(target=self._pump, daemon=True, name=f"pump-{name}").start()
-
-    def _pump(self) -> None:
-        assert self.popen.stdout is not None
-        for raw in self.popen.stdout:
-            line = raw.strip()
-            if not line:
-                continue
-            self.lines.append(line)
-            if line.startswith("{"):
-                try:
-                    item = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if isinstance(item, dict):
-                    self.events.put(item)
-
-    def next_event(self, timeout: float) -> dict[str, Any] | None:
-        """The next JSON event, or None after ``timeout`` (raises if the child died with nothing left)."""
-        try:
-            item = self.events.get(timeout=timeout)
-        except queue.Empty:
-            if self.popen.poll() is not None and self.events.empty():
-                raise RuntimeError(f"{self.name} exited with {self.popen.returncode}; last output: {self.lines[-8:]}") from None
-            return None
-        self.seen.append(item)
-        return item
-
-    def wait_event(self, event: str, timeout: float) -> dict[str, Any]:
-        """Block until the child prints ``{"event": event, ...}``; TimeoutError otherwise."""
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            item = self.next_event(min(left, 0.5))
-            if item is not None and item.get("event") == event:
-                return item
-        raise TimeoutError(f"{self.name}: no {event!r} event within {timeout:.0f}s; last output: {self.lines[-8:]}") from None
-
-    def send(self, line: str) -> None:
-        assert self.popen.stdin is not None
-        self.popen.stdin.write(line + "\n")
-        self.popen.stdin.flush()
-
-    def signal(self, sig: int) -> None:
-        if self.popen.poll() is None:
-            try:
-                os.killpg(self.popen.pid, sig)
-            except ProcessLookupError:
-                pass
+Proc = Child  # one child and the JSON events it printed (geotrain.testing.procs)
 
 
-class Procs:
+class Procs(ChildGroup):
     """Starts children (in a region when the network has namespaces) and reaps them all on close."""
 
     def __init__(self, network: Network, *, stderr_dir: str | None = None) -> None:
+        super().__init__()
         self.network = network
-        self.children: list[Proc] = []
         self._stderr_dir = stderr_dir
 
-    def start(self, name: str, module: str, args: Sequence[str], *, region: str,
-              env: dict[str, str] | None = None) -> Proc:
-        argv = [*self.network.exec_prefix(region), sys.executable, "-m", module, *args]
-        stderr: Any = subprocess.DEVNULL
-        if self._stderr_dir is not None:
-            stderr = open(os.path.join(self._stderr_dir, f"{name}.stderr"), "w")  # noqa: SIM115 (closed below)
-        try:
-            popen = subprocess.Popen(
-                argv, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.PIPE, text=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.network.env(region), **(env or {})},
-                start_new_session=True,  # its own process group: p2pd and friends end with it
-            )
-        finally:
-            if stderr is not subprocess.DEVNULL:
-                stderr.close()
-        child = Proc(name, popen)
-        self.children.append(child)
-        return child
-
-    def close(self, grace_s: float = 5.0) -> None:
-        for c in self.children:
-            c.signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for c in self.children:
-            try:
-                c.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                c.signal(signal.SIGKILL)
-                c.popen.wait(timeout=10)
-            try:  # the group may still hold grandchildren (p2pd) after its leader exited
-                os.killpg(c.popen.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        self.children.clear()
-
-    def __enter__(self) -> Procs:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def start_in(self, name: str, module: str, args: Sequence[str], *, region: str,
+                 env: dict[str, str] | None = None) -> Child:
+        """``python -m module *args`` in ``region``, stdin open for the start barrier."""
+        return super().start(
+            name, args, module=module, prefix=self.network.exec_prefix(region),
+            env={**self.network.env(region), **(env or {})}, stdin=True,
+            stderr_path=None if self._stderr_dir is None else os.path.join(self._stderr_dir, f"{name}.stderr"),
+        )
 
 
 class Network:

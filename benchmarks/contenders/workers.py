@@ -58,7 +58,7 @@ def run_workers(
             args = ["--spec", str(spec_path), "--rank", str(rank), "--host", network.host(region), *extra]
             if kind == "diloco":
                 args += ["--region", region]
-            return procs.start(f"{kind}{rank}", module, args, region=region)
+            return procs.start_in(f"{kind}{rank}", module, args, region=region)
 
         r0 = start(0, [])
         ready = r0.wait_event("ready", left())

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 logger = logging.getLogger(__name__)
 
@@ -31,28 +31,43 @@ class Child:
     proc: subprocess.Popen[str]
     events: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
     lines: list[str] = field(default_factory=list)
+    seen: list[dict[str, Any]] = field(default_factory=list)  # every event taken by next_event/wait_event
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
+    @property
+    def popen(self) -> subprocess.Popen[str]:
+        return self.proc
+
+    def next_event(self, timeout: float) -> dict[str, Any] | None:
+        """The next JSON event, or None after ``timeout``; RuntimeError if the child exited with none left."""
+        try:
+            item = self.events.get(timeout=timeout)
+        except queue.Empty:
+            if self.proc.poll() is not None and self.events.empty():
+                raise RuntimeError(
+                    f"{self.name} exited with {self.proc.returncode}; output: {self.lines[-20:]}"
+                ) from None
+            return None
+        self.seen.append(item)
+        return item
+
     def wait_event(self, event: str, timeout: float) -> dict[str, Any]:
         """Block until the child prints ``{"event": event, ...}``; raise TimeoutError otherwise."""
         deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"{self.name}: no {event!r} event within {timeout}s; last output: {self.lines[-5:]}")
-            try:
-                item = self.events.get(timeout=min(left, 0.5))
-            except queue.Empty:
-                if self.proc.poll() is not None and self.events.empty():
-                    raise RuntimeError(
-                        f"{self.name} exited with {self.proc.returncode} before {event!r}; output: {self.lines[-20:]}"
-                    ) from None
-                continue
-            if item.get("event") == event:
+        while (left := deadline - time.monotonic()) > 0:
+            item = self.next_event(min(left, 0.5))
+            if item is not None and item.get("event") == event:
                 return item
+        raise TimeoutError(f"{self.name}: no {event!r} event within {timeout}s; last output: {self.lines[-5:]}")
+
+    def send(self, line: str) -> None:
+        """Write one line to the child's stdin (started with ``stdin=True``)."""
+        assert self.proc.stdin is not None, "start the child with stdin=True"
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
 
     def signal(self, sig: int) -> None:
         if self.proc.poll() is None:
@@ -76,17 +91,31 @@ class ChildGroup:
         self._env = {**os.environ, "PYTHONUNBUFFERED": "1", "GEOTRAIN_PARENT_PID": str(os.getpid()), **(env or {})}
         self._echo_stderr = echo_stderr
 
-    def start(self, name: str, args: Sequence[str], *, module: str = "geotrain") -> Child:
-        cmd = [sys.executable, "-m", module, *args]
-        proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=None if self._echo_stderr else subprocess.DEVNULL,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            env=self._env,
-            start_new_session=True,
-        )
+    def start(
+        self, name: str, args: Sequence[str], *, module: str = "geotrain", prefix: Sequence[str] = (),
+        env: dict[str, str] | None = None, stdin: bool = False, stderr_path: str | None = None,
+    ) -> Child:
+        """Start ``[*prefix, python, -m, module, *args]``; ``prefix`` e.g. ``ip netns exec REGION``.
+
+        ``stdin``: keep a pipe open for :meth:`Child.send`; ``stderr_path``: write stderr there.
+        """
+        cmd = [*prefix, sys.executable, "-m", module, *args]
+        err: Any = None if self._echo_stderr else subprocess.DEVNULL
+        if stderr_path is not None:
+            err = open(stderr_path, "w")  # noqa: SIM115 (the child holds its own copy; ours closes below)
+        try:
+            proc = subprocess.Popen(
+                cmd,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                text=True,
+                env={**self._env, **(env or {})},
+                start_new_session=True,
+            )
+        finally:
+            if stderr_path is not None:
+                err.close()
         child = Child(name=name, proc=proc)
         threading.Thread(target=self._pump, args=(child,), daemon=True, name=f"pump-{name}").start()
         self.children.append(child)
@@ -133,7 +162,7 @@ class ChildGroup:
                 pass
         self.children.clear()
 
-    def __enter__(self) -> ChildGroup:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
