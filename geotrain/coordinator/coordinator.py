@@ -39,6 +39,7 @@ from geotrain.transport import Transport
 logger = logging.getLogger(__name__)
 
 Emit = Callable[[dict[str, Any]], None]
+STALLED = 1.0  # ProgressRecord.stats["status"] of a peer whose step failed, waiting for a new plan
 DONE = 2.0  # ProgressRecord.stats["status"] of a peer that reached the stop step
 
 
@@ -48,6 +49,7 @@ class CoordinatorConfig:
     report_dir: Path
     poll_s: float = 2.0
     replan_grace_s: float = 3.0
+    stall_replan_s: float = 10.0  # a plan peer stalled (a neighbour failed it) this long gets a fresh plan
     join_grace_s: float = 5.0
     finish_timeout_s: float = 120.0
     links_wait_s: float = 30.0
@@ -271,6 +273,7 @@ class Coordinator:
         assert self.plan is not None
         last_job_publish = time.monotonic()
         missing_since: dict[str, float] = {}
+        stalled_since: dict[str, float] = {}
         joiner_since: float | None = None
         last_tick = time.time()
         finish_deadline: float | None = None
@@ -300,6 +303,15 @@ class Coordinator:
                 else:
                     missing_since.pop(pid, None)
             dead = [p for p, t in missing_since.items() if time.monotonic() - t > self.config.replan_grace_s]
+            # stalls: alive, but a hop or round failed them and nothing rebuilt their stage (peers only
+            # rebuild on a new plan version): without a plan they would wait out their stall timeout and leave
+            for pid in plan_peers:
+                pr = progress.get(pid)
+                if pr is not None and pr.plan_version == self.plan.version and pr.stats.get("status") == STALLED:
+                    stalled_since.setdefault(pid, time.monotonic())
+                else:
+                    stalled_since.pop(pid, None)
+            stuck = [p for p, t in stalled_since.items() if time.monotonic() - t > self.config.stall_replan_s]
             # joiners: folded in once their links to the others are measured (else they cannot be placed)
             rows = self.swarm.get_links() if any(p not in plan_peers for p in peers) else {}
             joiners = [
@@ -315,13 +327,18 @@ class Coordinator:
             done = self._done(progress)
             if done:
                 break
-            if dead or (joiner_since is not None and time.monotonic() - joiner_since > self.config.join_grace_s):
+            joined = joiner_since is not None and time.monotonic() - joiner_since > self.config.join_grace_s
+            if dead or joined or stuck:
                 for p in dead:
                     self._event("death", peer_id=p)
                     missing_since.pop(p, None)
+                if stuck and not dead and not joined:
+                    self._event("stall", peers=sorted(stuck))
+                stalled_since.clear()
                 start = self._restart_step(progress, peers)
                 try:
-                    self.publish_plan(peers, start_step=start, reason="death" if dead else "join")
+                    self.publish_plan(peers, start_step=start,
+                                      reason="death" if dead else "join" if joined else "stall")
                 except InfeasiblePlanError as e:
                     self._event("error", message=f"cannot replan: {e}")
                 joiner_since = None

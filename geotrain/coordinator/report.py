@@ -12,7 +12,7 @@
     utilisation    {peer: fraction of wall time in forward/backward}
     bytes          {by_region_pair: {"a->b": n}, cross_region, total}
     usd            {compute, egress, total, per_peer}
-    events         [{t_s, kind, ...}]   kinds: start, join, death, replan, round, stop, checkpoint, error
+    events         [{t_s, kind, ...}]   kinds: start, join, death, stall, replan, round, stop, checkpoint, error
     checkpoints    {dir, last_round}
     summary        the headline figures shown at the end of `geotrain run` / `geotrain demo`
 """
