@@ -27,6 +27,7 @@ def test_benchmark_smoke_dp_and_geotrain(capsys: pytest.CaptureFixture[str]) -> 
 
 
 @pytest.mark.multiprocess
+@pytest.mark.flaky(reruns=1)  # hivemind's averager matchmaking sometimes stalls on a loaded 2-core box
 def test_benchmark_smoke_hivemind(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*TINY, "--backends", "hivemind", "--replicas", "2"]) == 0
     result = _lines(capsys)[0]
