@@ -109,6 +109,7 @@ def scenario_dict(
             "sync_codec": job.sync.codec,
             "sync_intra_codec": job.sync.intra_codec,  # members -> their region's leader
             "overlap_sync": job.sync.overlap > 0,  # a blocking round (overlap 0) is not hidden behind compute
+            "overlap_steps": job.sync.overlap,  # ... and an overlapping one only behind tau inner steps
             "objective": job.objective.planner_objective(),
         },
     }

@@ -68,8 +68,9 @@ term) and moves :math:`(n-1)(Z_1 + Z_2)` bytes. So
 :math:`Y_g = \max_r R(Z'_g, Z_g, G_g \cap r) + R(Z_g, Z_g, \mathrm{leaders}(G_g))`
 and the round's sync takes :math:`Y = \max_g Y_g` (groups run at once).
 When the sync engine overlaps (``job.overlap_sync``) the round hides behind
-the next :math:`H` inner steps and only :math:`\max(0, Y - H T)` shows;
-otherwise all of :math:`Y` does. The effective inner step is
+the next :math:`\tau` inner steps (``job.overlap_steps``, the runtime's
+``sync.overlap``; :math:`H` when unset) and only :math:`\max(0, Y - \tau T)`
+shows; otherwise all of :math:`Y` does. The effective inner step is
 
 .. math:: T_{\mathrm{eff}} = T + \mathrm{exposed}(Y) / H, \qquad
           \text{tokens/s} = P\,M\,m / T_{\mathrm{eff}}
@@ -349,7 +350,7 @@ class CostModel:
                 if y is None:
                     return f"stage group {list(members)} spans regions with no link between them"
                 Y = max(Y, y)
-        exposed = max(0.0, Y - self.H * T) if sc.job.overlap_sync else Y
+        exposed = max(0.0, Y - sc.job.hidden_steps * T)
         t_eff = T + exposed / self.H
         if exposed > 0:
             bottleneck += f" + {exposed:.3g} s of round sync not hidden"

@@ -129,7 +129,17 @@ class Job:
     # "none": fast links inside a region are not worth the codec's error), priced apart from ``sync_codec``
     sync_intra_codec: str = "none"
     overlap_sync: bool = True  # the sync engine hides the round behind the next inner steps
+    # how many inner steps a round may run behind before its result is due (the runtime's ``sync.overlap``,
+    # tau); None: all H of them (the ideal overlap). Ignored when ``overlap_sync`` is false.
+    overlap_steps: int | None = None
     objective: Objective = field(default_factory=Objective)
+
+    @property
+    def hidden_steps(self) -> int:
+        """Inner steps of compute a round can hide behind: 0 (blocking), tau, or H."""
+        if not self.overlap_sync:
+            return 0
+        return self.sync_every if self.overlap_steps is None else min(self.overlap_steps, self.sync_every)
 
     def __post_init__(self) -> None:
         for name in ("micro_batch", "micro_batches", "sync_every"):
@@ -299,7 +309,8 @@ def _parse_model(m: Any) -> ModelSpec:
 def _parse_job(j: Any) -> Job:
     j = {} if j is None else j
     _take(j, "job", {"micro_batch", "micro_batches", "sync_every", "stages", "pipelines",
-                     "activation_codec", "sync_codec", "sync_intra_codec", "overlap_sync", "objective"})
+                     "activation_codec", "sync_codec", "sync_intra_codec", "overlap_sync", "overlap_steps",
+                     "objective"})
     kw: dict[str, Any] = {}
     for k in ("micro_batch", "micro_batches", "sync_every", "stages", "pipelines"):
         if j.get(k) is not None:
@@ -313,6 +324,11 @@ def _parse_job(j: Any) -> Job:
         if not isinstance(j["overlap_sync"], bool):
             raise ScenarioError("job.overlap_sync must be true or false")
         kw["overlap_sync"] = j["overlap_sync"]
+    if j.get("overlap_steps") is not None:
+        v = j["overlap_steps"]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ScenarioError(f"job.overlap_steps must be an integer >= 0 (inner steps a round may run behind); got {v!r}")
+        kw["overlap_steps"] = v
     try:
         kw["objective"] = Objective.parse(j.get("objective"))
     except ConfigError as e:

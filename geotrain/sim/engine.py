@@ -12,7 +12,8 @@ bursts are events on a heap, applied at their exact times inside a round.
 - Rounds: the stage groups' hierarchical all-reduce time and bytes come from
   the planner's cost model for the current plan, plus a fixed
   ``round_overhead_s`` (membership, commit, checkpoint); with overlap, only
-  the part longer than the round's compute shows.
+  the part longer than the tau inner steps it may run behind
+  (``job.overlap_steps``; H when unset) shows.
 - A peer that leaves mid-round breaks its pipeline: that pipeline's inner
   progress since the last round is lost (its tokens count as waste). At the
   round boundary the pipeline is repaired from a spare (same region first,
@@ -285,7 +286,10 @@ class Simulation:
         deadline = t + cfg.deadline_factor * median
         done_by = max((e for _, e, _ in spans if e <= deadline), default=deadline)
         round_s = self._round_s(pred)
-        exposed = max(0.0, round_s - (done_by - t)) if self.sc.job.overlap_sync else round_s
+        # the round starts with the inner steps and its result is due ``hidden_steps`` steps later (tau); the
+        # slowest counted pipeline sets the pace
+        hide = self.sc.job.hidden_steps
+        exposed = max(0.0, round_s - (done_by - t) * hide / H)
         t_end = done_by + exposed
         broken: dict[int, float] = {}
         self._apply_events(t_end, broken)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from geotrain.errors import InfeasiblePlanError
+from geotrain.errors import InfeasiblePlanError, ScenarioError
 from geotrain.planner import CostModel, Scenario, StageAssignment, evaluate
 from tests.planner.helpers import link, peer, scenario
 
@@ -37,9 +37,11 @@ def test_one_pipeline_two_stages_exact():
     assert p.round_sync_s == 0.0 and p.bottleneck == "round trip a..b"
 
 
-@pytest.mark.parametrize("overlap, expected_step", [(False, 1.7), (True, 1.6)])
-def test_two_pipelines_round_sync_exact(overlap, expected_step):
-    sc = _two_regions(overlap_sync=overlap)
+@pytest.mark.parametrize("overlap, tau, expected_step", [(False, None, 1.7), (True, None, 1.6), (True, 1, 1.6),
+                                                         (True, 0, 1.7), (False, 1, 1.7)])
+def test_two_pipelines_round_sync_exact(overlap, tau, expected_step):
+    # H = 1: the round hides behind tau = overlap_steps inner steps (all H when unset), never when overlap is off
+    sc = _two_regions(overlap_sync=overlap, overlap_steps=tau)
     pipes = [[StageAssignment("a", (0, 4))], [StageAssignment("b", (0, 4))]]
     p = evaluate(sc, pipes)
     # group (a, b): 4e6 B of bf16 params = 2e6 fp32 pseudo-gradient elements = 8e6 B;
@@ -49,6 +51,12 @@ def test_two_pipelines_round_sync_exact(overlap, expected_step):
     assert p.step_s == pytest.approx(expected_step, rel=1e-12)
     assert p.tokens_per_s == pytest.approx(2 * 400 / expected_step, rel=1e-12)
     assert p.bytes_per_region_pair == pytest.approx({("r1", "r2"): 8e6, ("r2", "r1"): 8e6})
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "2"])
+def test_overlap_steps_must_be_a_count(bad):
+    with pytest.raises(ScenarioError, match="overlap_steps"):
+        _two_regions(overlap_steps=bad)
 
 
 def test_stage_memory_exact_and_enforced():
