@@ -534,6 +534,8 @@ class Coordinator:
             "validation": r.validation,
             "throughput": {"tokens": tokens, "tokens_per_s": summary["tokens_per_s"], "samples": r.throughput},
             "utilisation": util,
+            "peer_stats": {pid: {**pr.stats, "in_plan_s": round(r.in_plan_s.get(pid, 0.0), 3)}
+                           for pid, pr in r.last_progress.items()},
             "bytes": {"by_region_pair": pairs, "cross_region": cross, "total": summary["total_bytes"]},
             "usd": usd,
             "events": r.events,

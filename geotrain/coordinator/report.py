@@ -10,6 +10,8 @@
     validation     [{t_s, step, tokens, loss, source}]      held-out loss of the global model
     throughput     {tokens, tokens_per_s, samples: [{t_s, tokens_per_s}]}
     utilisation    {peer: fraction of wall time in forward/backward}
+    peer_stats     {peer: {steps, compute_s, wall_s, sync_wait_s, round_s, rounds, checkpoint_s, cpu_s, in_plan_s, ...}}
+                   where each peer's time went (its last progress record; see StageWorker.stats)
     bytes          {by_region_pair: {"a->b": n}, cross_region, total}
     usd            {compute, egress, total, per_peer}
     events         [{t_s, kind, ...}]   kinds: start, join, death, stall, replan, round, stop, checkpoint, error
@@ -40,6 +42,7 @@ REPORT_KEYS = (
     "validation",
     "throughput",
     "utilisation",
+    "peer_stats",
     "bytes",
     "usd",
     "events",

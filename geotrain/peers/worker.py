@@ -147,7 +147,9 @@ class StageWorker:
         self.last_loss: float | None = None
         self.compute_s = 0.0
         self.wall_s = 0.0
+        self.checkpoint_s = 0.0
         self.steps = 0
+        self._cpu0 = time.process_time()
         self._step = plan.start_step
 
     # -- construction helpers ---------------------------------------------------------------------
@@ -221,7 +223,9 @@ class StageWorker:
                 sync.after_inner_step(step + 1)  # the sync counts inner steps completed
         self.round = min((o.version for sync in self.syncs for o in sync.outer), default=self.round)
         self._step = step + 1
+        t1 = time.perf_counter()
         self._maybe_checkpoint(step + 1)
+        self.checkpoint_s += time.perf_counter() - t1
         self.wall_s += time.perf_counter() - t0
         self.compute_s += m.compute_s
         self.steps += 1
@@ -259,10 +263,24 @@ class StageWorker:
                 checkpoint.save_group(Path(plan.checkpoint_dir), state, start=g.start, end=g.end)
 
     def stats(self) -> dict[str, float]:
+        """Where this peer's time went since it took its stage (seconds; the report's ``peer_stats``).
+
+        ``wall_s`` is inside :meth:`step`: ``compute_s`` of it in forward/backward, ``sync_wait_s`` waiting for
+        rounds' results, ``checkpoint_s`` writing checkpoints, the rest hops and the optimizer step.
+        ``round_s`` sums the rounds' own durations (they overlap compute when ``sync.overlap > 0``);
+        ``cpu_s`` is the whole process's CPU time (every thread), the figure to compare with its host's cores.
+        """
+        sync = [s.stats for s in self.syncs]
         return {
             "compute_s": self.compute_s,
             "wall_s": self.wall_s,
             "utilisation": self.compute_s / self.wall_s if self.wall_s else 0.0,
+            "steps": float(self.steps),
+            "sync_wait_s": sum(s.wait_s for s in sync),
+            "round_s": sum(s.round_s for s in sync),
+            "rounds": float(sum(s.rounds_committed + s.rounds_discarded for s in sync)),
+            "checkpoint_s": self.checkpoint_s,
+            "cpu_s": time.process_time() - self._cpu0,
             "pipeline": float(self.pipeline),
             "stage": float(self.stage_index),
         }

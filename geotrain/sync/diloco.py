@@ -118,6 +118,7 @@ class DiLoCoSync:
             pseudo_grad = self.outer[p].global_flat - self.fragments[p].flat()  # (N_p,)
             if self._pool is None:
                 outcome = self.runner.run(rid, pseudo_grad)
+                self.runner.add_wait(outcome.seconds)
                 self._apply(p, outcome)
                 applied.append(outcome)
             else:
@@ -136,7 +137,9 @@ class DiLoCoSync:
 
     def _apply_pending(self, fragment: int) -> RoundOutcome:
         pending = self._pending.pop(fragment)
+        t0 = time.monotonic()
         outcome = pending.future.result()  # bounded: a round ends by its own 2x deadline
+        self.runner.add_wait(time.monotonic() - t0)
         self._apply(fragment, outcome)
         return outcome
 

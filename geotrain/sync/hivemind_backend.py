@@ -136,6 +136,8 @@ class HivemindDiLoCoSync:
             commit(self.fragment, self.outer, delta, counted=True)
             self.stats.rounds_committed += 1
         outcome.seconds = self.clock() - t0
+        self.stats.round_s += outcome.seconds
+        self.stats.wait_s += outcome.seconds  # blocking: the inner loop waits for the whole round
         self.history.append(outcome)
         return [outcome]
 

@@ -100,12 +100,16 @@ class RoundOutcome:
 
 @dataclass
 class SyncStats:
-    """Bytes this peer handed to the data plane for rounds, split by whether they left its region."""
+    """Bytes this peer handed to the data plane for rounds, split by whether they left its region; rounds
+    run and their wall seconds (from this member's start to its outcome); seconds the inner loop waited
+    for a round's result (all of every round with ``overlap = 0``; only the late part otherwise)."""
 
     bytes_intra: int = 0
     bytes_cross: int = 0
     rounds_committed: int = 0
     rounds_discarded: int = 0
+    round_s: float = 0.0
+    wait_s: float = 0.0
 
 
 class RoundRunner:
@@ -141,6 +145,11 @@ class RoundRunner:
         self._context = (job, plan_version)
 
     # -- entry point -------------------------------------------------------------------------------
+    def add_wait(self, seconds: float) -> None:
+        """Count ``seconds`` the inner loop spent waiting for a round's result."""
+        with self._lock:
+            self.stats.wait_s += seconds
+
     def run(self, round_id: RoundId, pseudo_grad: torch.Tensor) -> RoundOutcome:
         """Take part in ``round_id`` with this member's pseudo-gradient ``(N,)``; never raises on peers' faults."""
         t0 = self.clock()
@@ -168,6 +177,7 @@ class RoundRunner:
                 if not outcome.committed or k[0] != "owner":
                     self._residual[k] = v
         with self._lock:
+            self.stats.round_s += outcome.seconds
             if outcome.committed:
                 self.stats.rounds_committed += 1
             else:

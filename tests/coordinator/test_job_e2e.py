@@ -56,6 +56,11 @@ def test_tiny_job_trains_and_reports(children: ChildGroup, tmp_path: Path, overl
     assert s["plan_versions"] == 1 and s["deaths"] == 0
     assert data["bytes"]["total"] > 0 and data["usd"]["total"] > 0
     assert any(e["event"] == "plan" for e in events)
+    for pid in {st["peer"] for pipe in data["plans"][-1]["pipelines"] for st in pipe}:
+        ps = data["peer_stats"][pid]  # where each plan peer's time went, from its last progress record
+        assert ps["steps"] == 20 and ps["rounds"] == 20 // 5, ps
+        assert 0 < ps["compute_s"] <= ps["wall_s"] and 0 < ps["round_s"] and 0 < ps["cpu_s"], ps
+        assert 0 <= ps["sync_wait_s"] <= ps["wall_s"], ps
 
 
 def test_killed_peer_is_replanned_and_job_finishes(children: ChildGroup, tmp_path: Path) -> None:
