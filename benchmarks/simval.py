@@ -9,24 +9,26 @@ plan (the one the run trained with), model, codecs and H, and prints one JSON
 line per configuration with simulated against measured tokens/s and bytes and
 their ratios (``sim / measured``), then a summary.
 
-The simulator is fed two ways, both on one line:
+The simulator is fed three ways, all on one line:
 
 - ``planner``: each peer's ``tflops`` as its own benchmark measured it
   (a 512 x 512 matmul; what the planner and a user's simulation see);
 - ``in_run``: each peer's effective speed in the run (its stage's FLOPs over
-  the compute seconds the report's ``utilisation`` gives), which takes
-  compute out of the comparison and leaves the schedule, the network and
-  per-step overheads.
+  the seconds it spent in forward/backward per step, from the report's
+  ``peer_stats``), which takes compute out of the comparison and leaves the
+  schedule, the network and per-step overheads;
+- ``calibrated``: ``planner`` plus a host model (:mod:`geotrain.sim.host`):
+  all peers share this box's cores, so no step is shorter than their CPU
+  work per step over the cores left to them. Its terms are fitted on the
+  calibration runs (``CALIBRATE_ON``): each peer's process CPU per step
+  (``peer_stats.cpu_s``) against its stage's FLOPs, messages and synced
+  parameters (non-negative least squares over every peer), and the cores the
+  rest of the box took while the job trained (``/proc/stat`` sampled during
+  the run, less the peers' own). The other runs are predicted out of sample.
 
-Then ``calibrated``: in-run plus the two overhead terms the model lacks, fitted
-on the calibration runs (``CALIBRATE_ON``, the two 1-stage runs at H = 10 and
-20): their unexplained time per inner step is ``a + b / H``, ``a`` =
-``SimConfig.step_overhead_s`` and ``b`` = ``SimConfig.round_overhead_s``, two
-equations for two unknowns (clamped to >= 0, and the calibration line says so).
-The other runs are predicted out of sample. ``step_only`` is the older,
-one-term calibration (the first calibration run's whole unexplained time as a
-per-step overhead), kept to show what the round term changes. With one
-calibration run, or runs at one H, only ``a`` can be fitted.
+``where_time_went`` splits each run's step (compute, waiting for rounds,
+checkpoints, the rounds' own durations against the modelled one, the peers'
+CPU per step against the fitted model's).
 
 Measured bytes come two ways: ``data_plane`` (geotrain's transport counters:
 activations, gradients, pseudo-gradients, headers; the simulator models
@@ -34,7 +36,7 @@ these) and ``kernel`` (the htb/``lo`` counters: everything, DHT control plane
 included; only with namespaces). ``control_plane_bytes_per_s`` is their
 difference over the run.
 
-Run: ``python -m benchmarks.simval`` (3 configurations, ~10-15 min here) or
+Run: ``python -m benchmarks.simval`` (5 configurations, ~12 min here) or
 ``--smoke`` (one tiny configuration); ``--from DIR`` re-analyses the runs kept
 by an earlier ``--work-dir DIR`` without training again.
 """
@@ -52,10 +54,12 @@ from typing import Any
 
 TARGET = 0.15  # |sim / measured - 1| the issue asks for
 FULL = ({"name": "2-stage", "stages": 2, "every": 10}, {"name": "1-stage", "stages": 1, "every": 10},
-        {"name": "1-stage-H20", "stages": 1, "every": 20})
+        {"name": "1-stage-H20", "stages": 1, "every": 20}, {"name": "2-stage-H20", "stages": 2, "every": 20},
+        {"name": "3-stage", "stages": 3, "every": 10, "timeout": 900})
 SMOKE = ({"name": "smoke-1-stage", "stages": 1, "every": 5},)
-# the runs whose unexplained per-step time (at two H) and control-plane rate the others are predicted with
-CALIBRATE_ON = ("1-stage", "1-stage-H20")
+# the runs the host model (peers' CPU per step, cores left to them) and the control-plane rate are fitted on;
+# the others are predicted out of sample
+CALIBRATE_ON = ("1-stage", "1-stage-H20", "2-stage")
 MEMORY_GB = 16.0  # the report does not carry peers' memory; the tiny model fits anywhere
 
 
@@ -76,6 +80,8 @@ def run_config(cfg: dict[str, Any], args: argparse.Namespace, work: Path, networ
             "--netns", args.netns]
     if args.smoke:
         argv.append("--smoke")
+    if cfg.get("timeout"):  # pipelines across regions: every hop pays the WAN latency, the run is ~10x longer
+        argv += ["--timeout", str(cfg["timeout"])]
     eargs = e2e.parse(argv)
     scenario, prices, _ = e2e.load_scenario(None)
     regions_all = list(scenario["regions"])
@@ -85,12 +91,62 @@ def run_config(cfg: dict[str, Any], args: argparse.Namespace, work: Path, networ
     job = e2e.job_dict(eargs, cdir, len(regions_all))
     scenario_path = cdir / "scenario.json"
     scenario_path.write_text(json.dumps(scenario))
-    run = run_geotrain(job, network=network, regions=regions, prices=prices, scenario_path=scenario_path,
-                       work_dir=cdir, timeout_s=eargs.timeout, job_id=f"simval-{os.getpid()}-{cfg['name']}")
+    with CpuSampler() as cpu:
+        run = run_geotrain(job, network=network, regions=regions, prices=prices, scenario_path=scenario_path,
+                           work_dir=cdir, timeout_s=eargs.timeout, job_id=f"simval-{os.getpid()}-{cfg['name']}")
     kept = {"config": cfg, "job": job, "scenario": scenario, "scale": eargs.scale, "wall_s": run.wall_s,
+            "host_cores": os.cpu_count(), "box_cpu": cpu.samples,
             "kernel_bytes": run.kernel_bytes, "report": run.report}
     (cdir / "measured.json").write_text(json.dumps(kept, default=str))
     return kept
+
+
+class CpuSampler:
+    """The box's busy CPU over time (``/proc/stat``, every ``every_s``): ``samples`` of (unix time, busy
+    jiffies, all jiffies). Empty where ``/proc/stat`` is missing."""
+
+    def __init__(self, every_s: float = 0.5) -> None:
+        import threading
+
+        self.every_s = every_s
+        self.samples: list[tuple[float, int, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="simval-cpu", daemon=True)
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        import time
+
+        while True:
+            try:
+                with open("/proc/stat") as f:
+                    vals = [int(v) for v in f.readline().split()[1:]]
+            except (OSError, ValueError):
+                return
+            idle = vals[3] + (vals[4] if len(vals) > 4 else 0)  # idle + iowait
+            self.samples.append((time.time(), sum(vals) - idle, sum(vals)))
+            if self._stop.wait(self.every_s):
+                return
+
+
+def box_busy_cores(kept: dict[str, Any]) -> float | None:
+    """Cores the whole box kept busy while the job trained (from its plan to its end: the joins and the peers'
+    benchmarks left out); None without samples."""
+    samples = kept.get("box_cpu") or []
+    rep = kept["report"]
+    t0 = float(rep["started_at"]) + float(rep["plans"][0]["t_s"])
+    t1 = float(rep["started_at"]) + float(rep["wall_s"])
+    window = [x for x in samples if t0 <= x[0] <= t1]
+    if len(window) < 2 or window[-1][2] == window[0][2]:
+        return None
+    return host_cores(kept) * (window[-1][1] - window[0][1]) / (window[-1][2] - window[0][2])
 
 
 def measured_figures(kept: dict[str, Any]) -> dict[str, Any]:
@@ -130,38 +186,51 @@ def sim_scenario(kept: dict[str, Any], *, in_run: bool) -> tuple[Any, list[list[
     pipelines = [[StageAssignment(peer=s["peer"], layers=(int(s["layers"][0]), int(s["layers"][1]))) for s in pipe]
                  for pipe in plan]
     steps = int(kept["job"]["stop"]["steps"])
-    # overlap 0 (the e2e job) means a round blocks the next inner step; the coordinator's scenario leaves
-    # overlap_sync at the planner's default (True), which would hide the round
-    job = {**base["job"], "overlap_sync": int(kept["job"]["sync"].get("overlap") or 0) > 0,
+    # overlap 0 means a round blocks the next inner step; overlap tau hides it behind tau inner steps, not H
+    tau = int(kept["job"]["sync"].get("overlap") or 0)
+    job = {**base["job"], "overlap_sync": tau > 0, "overlap_steps": tau,
            "sync_intra_codec": spec.sync.intra_codec}
     d = {**base, "regions": sc["regions"], "links": links, "peers": peers, "job": job}
     if in_run:
         # a peer's effective speed in the run: its stage's FLOPs per inner step over the compute seconds
         # it spent per inner step (utilisation x time in the plan / steps)
         cm = CostModel(Scenario.from_dict(d))
-        util = rep.get("utilisation") or {}
-        wall_in_plan = float(rep["summary"].get("wall_s") or rep["wall_s"])
         for p in peers:
             st = next((s for pipe in pipelines for s in pipe if s.peer == p["id"]), None)
-            if st is None or not util.get(p["id"]):
+            real_s = in_run_compute_s(rep, p["id"], steps)
+            if st is None or not real_s:
                 continue
             model_s = cm.M * cm.stage_compute_s(st.layers[0], st.layers[1], p["tflops"] * 1e12)
-            real_s = util[p["id"]] * wall_in_plan / steps
             p["tflops"] = p["tflops"] * model_s / real_s
     return Scenario.from_dict(d), pipelines, steps
 
 
-def simulate_run(kept: dict[str, Any], *, in_run: bool, overhead_s: float = 0.0,
-                 round_overhead_s: float = 0.0) -> dict[str, Any]:
+def in_run_compute_s(rep: dict[str, Any], peer: str, steps: int) -> float | None:
+    """Seconds ``peer`` spent in forward/backward per inner step in the run.
+
+    From ``peer_stats`` (compute seconds over the steps it ran) when the report has them; older reports only
+    have ``utilisation`` (compute over time in the plan), taken over the report's wall time, which also counts
+    the wait for peers before the plan and so overstates compute.
+    """
+    ps = (rep.get("peer_stats") or {}).get(peer) or {}
+    if ps.get("steps") and ps.get("compute_s"):
+        return float(ps["compute_s"]) / float(ps["steps"])
+    util = (rep.get("utilisation") or {}).get(peer)
+    if not util:
+        return None
+    return float(util) * float(rep["summary"].get("wall_s") or rep["wall_s"]) / steps
+
+
+def simulate_run(kept: dict[str, Any], *, in_run: bool, host: Any = None, round_overhead_s: float = 0.0) -> dict[str, Any]:
+    from geotrain.planner import CostModel
     from geotrain.sim import SimConfig, simulate
 
     scenario, pipelines, steps = sim_scenario(kept, in_run=in_run)
     # no churn, no stragglers: the run had neither; long enough for many rounds
     hours = max(0.05, 20 * kept["wall_s"] / 3600.0)
     # the run waits for every pipeline (round_timeout_s 30 s): no deadline misses in the simulation either
-    res = simulate(scenario, SimConfig(hours=hours, straggler_sigma=0.0, deadline_factor=1e6, seed=0,
-                                       step_overhead_s=overhead_s, round_overhead_s=round_overhead_s),
-                   initial_plan=pipelines)
+    res = simulate(scenario, SimConfig(hours=hours, straggler_sigma=0.0, deadline_factor=1e6, seed=0, host=host,
+                                       round_overhead_s=round_overhead_s), initial_plan=pipelines)
     s = res.summary()
     tok_per_s = s["goodput_tokens_per_s"]
     job_tokens = kept["report"]["summary"]["tokens"]
@@ -170,13 +239,29 @@ def simulate_run(kept: dict[str, Any], *, in_run: bool, overhead_s: float = 0.0,
     total = sum(res.bytes_per_region_pair.values()) * scale
     mean_tflops = sum(p.tflops for p in scenario.peers) / len(scenario.peers)
     return {"tokens_per_s": round(tok_per_s, 1), "cross_bytes": round(cross), "total_bytes": round(total),
-            "mean_peer_tflops": round(mean_tflops, 5), "steps": steps}
+            "mean_peer_tflops": round(mean_tflops, 5), "steps": steps,
+            "round_s": round(CostModel(scenario).predict(pipelines).round_sync_s, 4)}
+
+
+def host_model(kept: dict[str, Any], calibration: dict[str, Any]) -> Any:
+    """The calibration's :class:`~geotrain.sim.HostModel` with every peer of the run on one host."""
+    from geotrain.sim import HostModel
+
+    t = calibration["host"]
+    return HostModel(cores=host_cores(kept), reserved_cores=calibration["reserved_cores"],
+                     host_of={p["peer_id"]: "box" for p in kept["report"]["peers"]},
+                     cpu_tflops=t["cpu_tflops"], step_cpu_s=t["step_cpu_s"], message_cpu_s=t["message_cpu_s"],
+                     round_cpu_s_per_mparam=t["round_cpu_s_per_mparam"])
+
+
+def host_cores(kept: dict[str, Any]) -> float:
+    return float(kept.get("host_cores") or os.cpu_count() or 1)
 
 
 def compare(kept: dict[str, Any], calibration: dict[str, Any] | None = None) -> dict[str, Any]:
     """Simulated against measured for one run; ``calibration`` (:func:`calibrate` of the calibration runs) adds
-    the ``calibrated`` figures (the in-run simulation plus the fitted per-step and per-round overheads and the
-    control-plane rate) and the ``step_only`` ones (the one-term calibration it replaces)."""
+    the ``calibrated`` figures: the peers' own benchmark speeds (as ``planner``) plus the fitted host model (the
+    CPU the peers need per step over the box's cores) and the control-plane rate."""
     m = measured_figures(kept)
     plan_sim = simulate_run(kept, in_run=False)
     run_sim = simulate_run(kept, in_run=True)
@@ -186,23 +271,27 @@ def compare(kept: dict[str, Any], calibration: dict[str, Any] | None = None) -> 
                            "measured": m, "sim_planner": plan_sim, "sim_in_run": run_sim}
     sims = [("planner", plan_sim), ("in_run", run_sim)]
     if calibration is not None:
-        cal = simulate_run(kept, in_run=True, overhead_s=calibration["step_overhead_s"],
+        cal = simulate_run(kept, in_run=False, host=host_model(kept, calibration),
                            round_overhead_s=calibration["round_overhead_s"])
         # DHT heartbeats, progress and plan records, polling: bytes per peer per second, counted by the kernel
         control = calibration["control_bytes_per_peer_s"] * peers * (m["tokens"] / cal["tokens_per_s"]) \
             if calibration["control_bytes_per_peer_s"] is not None and cal["tokens_per_s"] else None
         cal["kernel_total_bytes"] = None if control is None else round(cal["total_bytes"] + control)
-        rec["sim_calibrated"] = {**cal, "calibrated_on": calibration["name"],
-                                 "step_overhead_s": calibration["step_overhead_s"],
-                                 "round_overhead_s": calibration["round_overhead_s"],
-                                 "control_bytes_per_peer_s": calibration["control_bytes_per_peer_s"]}
-        step_only = simulate_run(kept, in_run=True, overhead_s=calibration["step_only_overhead_s"])
-        rec["sim_step_only"] = {**step_only, "step_overhead_s": calibration["step_only_overhead_s"]}
-        sims += [("calibrated", cal), ("step_only", step_only)]
+        rec["sim_calibrated"] = {**cal, "calibrated_on": calibration["name"]}
+        sims.append(("calibrated", cal))
     rec["measured_step_s"] = round(m["wall_s"] / steps, 4)
     for key, sim in sims:
         rec[f"{key}_tokens_ratio"] = _ratio(sim["tokens_per_s"], m["tokens_per_s"])
         rec[f"{key}_step_s"] = round(m["tokens"] / steps / sim["tokens_per_s"], 4) if sim["tokens_per_s"] else None
+    rec["where_time_went"] = time_split(kept, run_sim.get("round_s"))
+    if calibration is not None and rec["where_time_went"] is not None:
+        host = host_model(kept, calibration)
+        scenario, pipelines, _ = sim_scenario(kept, in_run=False)
+        from geotrain.planner import CostModel
+
+        rec["where_time_went"]["modelled_cpu_per_step_s"] = round(sum(
+            host.peer_cpu_s(t) for _, t in cpu_points(CostModel(scenario), pipelines)), 5)
+        rec["where_time_went"]["host_floor_step_s"] = round(max(host.floors(CostModel(scenario), pipelines)), 5)
     rec["data_plane_cross_bytes_ratio"] = _ratio(run_sim["cross_bytes"], m["data_plane_cross_bytes"])
     rec["data_plane_total_bytes_ratio"] = _ratio(run_sim["total_bytes"], m["data_plane_total_bytes"])
     rec["kernel_cross_bytes_ratio"] = _ratio(run_sim["cross_bytes"], m["kernel_cross_bytes"])
@@ -216,52 +305,133 @@ def compare(kept: dict[str, Any], calibration: dict[str, Any] | None = None) -> 
     return rec
 
 
-def fit_overheads(points: list[tuple[int, float]]) -> tuple[float, float, list[str]]:
-    """``(a, b, clamped)``: per-step and per-round overhead with unexplained time per step ``u = a + b / H``.
+def time_split(kept: dict[str, Any], modelled_round_s: float | None) -> dict[str, Any] | None:
+    """Per inner step, where the plan peers' time went (means over peers; ``peer_stats`` of the report), next
+    to the simulator's round: the figures that say which term of the model is off."""
+    ps = kept["report"].get("peer_stats") or {}
+    plan = {s["peer"] for pipe in kept["report"]["plans"][-1]["pipelines"] for s in pipe}
+    rows = [ps[p] for p in plan if p in ps and ps[p].get("steps")]
+    if not rows:
+        return None
 
-    ``points`` are ``(H, u)`` of the calibration runs. Two runs at different H give two equations, solved
-    exactly (more are fitted by least squares). A negative term means the data contradict the model (noise
-    larger than the effect); it is set to 0 and the other term refitted alone, and ``clamped`` names it, so
-    the caller can say so. Runs at a single H cannot separate the terms: ``a`` is their mean, ``b`` 0.
-    """
-    xs = [1.0 / h for h, _ in points]
-    us = [u for _, u in points]
-    n = len(points)
-    if not n:
-        raise ValueError("fit_overheads needs at least one (H, unexplained) point")
-    x_mean, u_mean = sum(xs) / n, sum(us) / n
-    var = sum((x - x_mean) ** 2 for x in xs)
-    if var == 0.0:
-        return max(0.0, u_mean), 0.0, (["step_overhead_s"] if u_mean < 0 else [])
-    b = sum((x - x_mean) * (u - u_mean) for x, u in zip(xs, us, strict=True)) / var
-    a = u_mean - b * x_mean
-    if b < 0:  # per-step time grows with H: no round cost to see; all of it per step
-        return max(0.0, u_mean), 0.0, ["round_overhead_s"] + (["step_overhead_s"] if u_mean < 0 else [])
-    if a < 0:  # all of it per round: the least-squares line through the origin
-        b = max(0.0, sum(x * u for x, u in zip(xs, us, strict=True)) / sum(x * x for x in xs))
-        return 0.0, b, ["step_overhead_s"] + (["round_overhead_s"] if b == 0.0 else [])
-    return a, b, []
+    def mean(f: Any) -> float:
+        return round(sum(f(r) for r in rows) / len(rows), 5)
+
+    return {
+        "wall_per_step_s": mean(lambda r: r["wall_s"] / r["steps"]),
+        "compute_per_step_s": mean(lambda r: r["compute_s"] / r["steps"]),
+        "sync_wait_per_step_s": mean(lambda r: r.get("sync_wait_s", 0.0) / r["steps"]),
+        "checkpoint_per_step_s": mean(lambda r: r.get("checkpoint_s", 0.0) / r["steps"]),
+        "round_s": mean(lambda r: r.get("round_s", 0.0) / max(r.get("rounds", 0.0), 1.0)),
+        "modelled_round_s": None if modelled_round_s is None else round(modelled_round_s, 4),
+        # every plan peer's process CPU per inner step, summed: the host's CPU demand per step
+        "cpu_per_step_s": round(sum(r.get("cpu_s", 0.0) / r["steps"] for r in rows), 5),
+    }
+
+
+def cpu_points(cm: Any, pipelines: list[list[Any]]) -> list[tuple[str, tuple[float, float, float, float]]]:
+    """``(peer, regressors)`` of every plan peer (:func:`geotrain.sim.peer_cpu_terms`)."""
+    from geotrain.sim import peer_cpu_terms
+
+    return [(st.peer, peer_cpu_terms(cm, pipe, s)) for pipe in pipelines for s, st in enumerate(pipe)]
+
+
+def nnls(rows: list[tuple[float, ...]], ys: list[float]) -> tuple[list[float], float]:
+    """Least squares with every coefficient >= 0, by trying each subset of the columns (there are four):
+    ``(coefficients, residual sum of squares)``. Ties (a rank-deficient fit) go to the smaller subset."""
+    import itertools
+
+    import numpy as np
+
+    a = np.asarray(rows, dtype=np.float64)
+    y = np.asarray(ys, dtype=np.float64)
+    k = a.shape[1]
+    best: tuple[float, list[float]] = (float(y @ y), [0.0] * k)
+    for size in range(1, k + 1):
+        for cols in itertools.combinations(range(k), size):
+            sub = a[:, cols]
+            if np.linalg.matrix_rank(sub) < size:
+                continue
+            coef, *_ = np.linalg.lstsq(sub, y, rcond=None)
+            if (coef < 0).any():
+                continue
+            full = [0.0] * k
+            for c, v in zip(cols, coef, strict=True):
+                full[c] = float(v)
+            rss = float(((a @ np.asarray(full)) - y) @ ((a @ np.asarray(full)) - y))
+            if rss < best[0] * (1 - 1e-9):
+                best = (rss, full)
+    return best[1], best[0]
 
 
 def calibrate(kept_runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """What the calibration runs say the model lacks: per-step and per-round overheads (:func:`fit_overheads`)
-    and the control plane's bytes per peer per second (their mean)."""
-    points: list[dict[str, Any]] = []
+    """What the calibration runs say about the box (:class:`geotrain.sim.HostModel`).
+
+    1. Each plan peer's CPU seconds per inner step (``peer_stats``: process CPU over steps) against what its
+       stage does per step (FLOPs, one step, pipeline messages, synced parameters per round over H), fitted
+       by non-negative least squares over every peer of every calibration run.
+    2. The cores the rest of the box takes (``reserved_cores``: DHT daemons, p2pd, the coordinator): the box's
+       busy cores while the job trained (:class:`CpuSampler`) less the peers' own (their CPU per step over the
+       measured step), averaged; for runs kept without samples, the box is taken as saturated.
+    3. How much longer the rounds took than the modelled all-reduce (``SimConfig.round_overhead_s``): the
+       peers' measured round durations less the model's, averaged.
+    4. The control plane's bytes per peer per second (kernel counters minus the data plane), averaged.
+    """
+    from geotrain.planner import CostModel
+
+    rows: list[tuple[float, float, float, float]] = []
+    ys: list[float] = []
+    round_extra: list[float] = []
+    avail: list[float] = []
+    busy_runs: list[float | None] = []
+    reserved_runs: list[float] = []
     rates: list[float] = []
+    names: list[str] = []
+    cores: list[float] = []
     for kept in kept_runs:
-        rec = compare(kept)
-        points.append({"name": kept["config"]["name"], "every": int(kept["job"]["sync"]["every"]),
-                       "unexplained_step_s": rec["unexplained_step_s"]})
-        ctrl = rec["measured"].get("control_plane_bytes_per_s")
+        ps = kept["report"].get("peer_stats") or {}
+        scenario, pipelines, _ = sim_scenario(kept, in_run=False)
+        pts = [(peer, t) for peer, t in cpu_points(CostModel(scenario), pipelines) if (ps.get(peer) or {}).get("steps")]
+        if not pts:
+            continue
+        names.append(kept["config"]["name"])
+        cores.append(host_cores(kept))
+        for peer, t in pts:
+            rows.append(t)
+            ys.append(ps[peer]["cpu_s"] / ps[peer]["steps"])
+        split = time_split(kept, simulate_run(kept, in_run=False)["round_s"])
+        if split is not None and split["round_s"] > 0:
+            round_extra.append(split["round_s"] - split["modelled_round_s"])
+        m = measured_figures(kept)
+        step = m["wall_s"] / int(kept["job"]["stop"]["steps"])
+        used = sum(ps[peer]["cpu_s"] / ps[peer]["steps"] for peer, _ in pts) / step  # cores the peers used
+        busy = box_busy_cores(kept)
+        busy_runs.append(None if busy is None else round(busy, 3))
+        # what the rest of the box took: measured when sampled, else the run is assumed to have saturated it
+        reserved_runs.append(max(0.0, (busy if busy is not None else host_cores(kept)) - used))
+        avail.append(used)
+        ctrl = m.get("control_plane_bytes_per_s")
         if ctrl is not None:  # only with namespaces (kernel counters)
             rates.append(ctrl / len(kept["report"]["peers"]))
-    a, b, clamped = fit_overheads([(p["every"], p["unexplained_step_s"]) for p in points])
-    return {"event": "calibration", "name": "+".join(p["name"] for p in points), "points": points,
-            "terms": 2 if len({p["every"] for p in points}) > 1 else 1,
-            "step_overhead_s": round(a, 5), "round_overhead_s": round(b, 4), "clamped": clamped,
-            # the one-term calibration this replaces: the first run's whole unexplained time, per step
-            "step_only_overhead_s": max(0.0, points[0]["unexplained_step_s"]),
-            "control_bytes_per_peer_s": round(sum(rates) / len(rates)) if len(rates) == len(points) else None}
+    if not rows:
+        raise ValueError("no calibration run has peer_stats (CPU seconds per peer); re-run it with this version")
+    coef, rss = nnls(rows, ys)
+    mean_y = sum(ys) / len(ys)
+    box = sum(cores) / len(cores)
+    reserved = min(sum(reserved_runs) / len(reserved_runs), 0.95 * box)
+    return {
+        "event": "calibration", "name": "+".join(names), "peers": len(ys),
+        "host": {"cpu_tflops": round(1.0 / coef[0], 6) if coef[0] > 0 else 0.0, "step_cpu_s": round(coef[1], 6),
+                 "message_cpu_s": round(coef[2], 7), "round_cpu_s_per_mparam": round(coef[3], 6)},
+        # how well the four terms explain the peers' CPU: root mean square residual over the mean
+        "cpu_fit_rel_rms": round((rss / len(ys)) ** 0.5 / mean_y, 4) if mean_y else None,
+        "cores": box, "cores_used_by_peers": [round(a, 3) for a in avail],
+        "box_busy_cores": busy_runs, "reserved_cores": round(reserved, 4),
+        # rounds took this much longer than the modelled all-reduce (their own durations, peer_stats): latency
+        # of each message's hop through busy processes, encoding, the outer step
+        "round_overhead_s": round(max(0.0, sum(round_extra) / len(round_extra)), 4) if round_extra else 0.0,
+        "control_bytes_per_peer_s": round(sum(rates) / len(rates)) if len(rates) == len(names) else None,
+    }
 
 
 def _within(r: float | None) -> bool | None:
@@ -270,7 +440,7 @@ def _within(r: float | None) -> bool | None:
 
 def summary(recs: list[dict[str, Any]]) -> dict[str, Any]:
     out_of_sample = [r for r in recs if not r.get("calibrated_on_self")]
-    keys = ("planner_tokens_ratio", "in_run_tokens_ratio", "calibrated_tokens_ratio", "step_only_tokens_ratio",
+    keys = ("planner_tokens_ratio", "in_run_tokens_ratio", "calibrated_tokens_ratio",
             "data_plane_cross_bytes_ratio",
             "data_plane_total_bytes_ratio", "kernel_cross_bytes_ratio", "kernel_total_bytes_ratio",
             "calibrated_kernel_total_bytes_ratio")
@@ -327,7 +497,7 @@ def train_runs(args: argparse.Namespace, configs: tuple[dict[str, Any], ...]) ->
 
 
 def analyse(kept_runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One line per run; the overheads and control-plane rate come from the calibration runs (``CALIBRATE_ON``
+    """One line per run; the host model and control-plane rate come from the calibration runs (``CALIBRATE_ON``
     that ran, else the first run) and are applied to the others (out of sample) and, marked, to themselves."""
     if not kept_runs:
         return []

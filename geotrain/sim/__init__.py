@@ -8,7 +8,9 @@ microbatch. ``geotrain simulate`` is the command.
 
 from geotrain.sim.config import SimConfig
 from geotrain.sim.engine import Simulation, simulate
+from geotrain.sim.host import HostModel, peer_cpu_terms
 from geotrain.sim.onef1b import PipelineTiming, simulate_step, timing_from_plan
 from geotrain.sim.result import SimResult
 
-__all__ = ["PipelineTiming", "SimConfig", "SimResult", "Simulation", "simulate", "simulate_step", "timing_from_plan"]
+__all__ = ["HostModel", "PipelineTiming", "SimConfig", "SimResult", "Simulation", "simulate", "simulate_step", "timing_from_plan",
+           "peer_cpu_terms"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from geotrain.errors import ConfigError
+from geotrain.sim.host import HostModel
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,6 +38,9 @@ class SimConfig:
     # Groups run their rounds at once, so it is paid once per round. ``benchmarks.simval`` fits it with
     # ``step_overhead_s`` from runs at two H (per-step time = a + b / H)
     round_overhead_s: float = 0.0
+    # peers sharing a machine's cores (an emulated swarm on one box, CPU peers): the CPU floor under a step;
+    # None: every peer has a machine of its own
+    host: HostModel | None = None
     exact_pipelines: bool = True  # time pipelines with the event-level 1F1B (else the planner's closed form)
     sample_every_s: float = 600.0
     max_events: int = 2000  # events kept in the result (all are counted)

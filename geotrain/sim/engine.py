@@ -9,6 +9,8 @@ bursts are events on a heap, applied at their exact times inside a round.
   straggler factor per round. A pipeline slower than ``deadline_factor`` x
   the median misses the round: its H steps are discarded (the round goes on
   without it, as the sync engine does).
+- Hosts (``SimConfig.host``, :mod:`geotrain.sim.host`): peers that share a
+  machine's cores step no faster than their CPU work over those cores.
 - Rounds: the stage groups' hierarchical all-reduce time and bytes come from
   the planner's cost model for the current plan, plus a fixed
   ``round_overhead_s`` (membership, commit, checkpoint); with overlap, only
@@ -70,6 +72,7 @@ class Simulation:
         self.pipelines: Pipelines = []
         self.pred: Prediction | None = None
         self.blocked_until: list[float] = []
+        self.host_floor_s: list[float] = []
         self.stages: int | None = self.sc.job.stages
         self.version = 0
         self.last_replan = -math.inf
@@ -135,6 +138,8 @@ class Simulation:
         self.blocked_until = blocked if blocked is not None else [now] * len(pipelines)
         pred = self.cm.predict(pipelines, check_memory=True) if pipelines else None
         self.pred = pred if isinstance(pred, Prediction) else None
+        host = self.cfg.host
+        self.host_floor_s = host.floors(self.cm, pipelines) if host is not None else [0.0] * len(pipelines)
         if pipelines and self.pred is None:
             raise AssertionError(f"simulator built an invalid plan: {pred}")
 
@@ -278,7 +283,8 @@ class Simulation:
         H = self.H
         spans = []
         for i, pipe in enumerate(self.pipelines):
-            step = self._step_s(pipe, pred.pipeline_steps_s[i])
+            # the critical path, or the CPU its hosts' peers need per step over their cores, if longer
+            step = max(self._step_s(pipe, pred.pipeline_steps_s[i]), self.host_floor_s[i])
             jitter = math.exp(self.rng.gauss(0.0, cfg.straggler_sigma)) if cfg.straggler_sigma else 1.0
             start = max(t, self.blocked_until[i])
             spans.append((start, start + H * step * jitter, step))

@@ -33,8 +33,12 @@ def test_simval_smoke(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     assert 0.8 <= rec["data_plane_cross_bytes_ratio"] <= 1.25, rec
     # compute as the run measured it is a lower bound on the step: the simulator is never slower than the run
     assert rec["in_run_tokens_ratio"] >= 0.85, rec
-    assert cal["step_overhead_s"] >= 0 and rec["calibrated_on_self"]
-    assert rec["calibrated_tokens_ratio"] == pytest.approx(1.0, abs=0.1)
+    # the host model: every term >= 0, the peers' CPU explained, some of the box left to the peers
+    assert all(v >= 0 for v in cal["host"].values()) and rec["calibrated_on_self"], cal
+    assert cal["cpu_fit_rel_rms"] < 0.25 and 0 <= cal["reserved_cores"] < cal["cores"], cal
+    ps = rec["where_time_went"]
+    assert ps["cpu_per_step_s"] > 0 and ps["compute_per_step_s"] > 0 and ps["round_s"] > 0, ps
+    assert 0.5 <= rec["calibrated_tokens_ratio"] <= 2.0, rec  # a tiny run: start-up is much of its wall time
     if os.geteuid() == 0:
         assert m["kernel_cross_bytes"] >= m["data_plane_cross_bytes"] > 0  # the kernel counts the DHT too
         assert cal["control_bytes_per_peer_s"] > 0
