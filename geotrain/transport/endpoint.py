@@ -96,7 +96,9 @@ class Transport:
         self._wake_tx: zmq.Socket[Any] | None = None
         self._remotes: dict[str, _Remote] = {}
         self._mail: dict[tuple[str, tuple[Any, ...]], collections.deque[_Inbound]] = {}
-        self._mail_order: collections.deque[tuple[str, tuple[Any, ...]]] = collections.deque()
+        # (seq, key) per filed message, oldest first; entries of messages already taken are skipped
+        self._mail_order: collections.deque[tuple[int, tuple[str, tuple[Any, ...]]]] = collections.deque()
+        self._mail_seq = 0
         self._mail_bytes = 0
         self._mail_cv = threading.Condition()
         self._handlers: dict[str, Handler] = {}
@@ -333,21 +335,26 @@ class Transport:
             if key[0] == "__rpc__" and key[1][0] not in self._rpc_waiting:
                 self._count_drop("UnexpectedReply", h.sender)
                 return
+            self._mail_seq += 1
+            item.seq = self._mail_seq
             self._mail.setdefault(key, collections.deque()).append(item)
-            self._mail_order.append(key)
+            self._mail_order.append((item.seq, key))
             self._mail_bytes += item.nbytes
-            # Unclaimed traffic must not grow without bound: evict the oldest.
+            # Unclaimed traffic must not grow without bound: evict the oldest unclaimed message. A key's queue
+            # is taken from its head, so an order entry is still unclaimed exactly when it is its queue's head.
             while self._mail_bytes > self._limits.max_buffered_bytes and self._mail_order:
-                old = self._mail_order.popleft()
+                seq, old = self._mail_order.popleft()
                 q = self._mail.get(old)
-                if q:
-                    gone = q.popleft()
-                    self._mail_bytes -= gone.nbytes
-                    if not q:
-                        del self._mail[old]
-                    self._count_drop("MailboxOverflow", gone.header.sender)
+                if not q or q[0].seq != seq:
+                    continue  # taken already
+                gone = q.popleft()
+                self._mail_bytes -= gone.nbytes
+                if not q:
+                    del self._mail[old]
+                self._count_drop("MailboxOverflow", gone.header.sender)
             if len(self._mail_order) > 4 * (len(self._mail) + 64):
-                self._mail_order = collections.deque(k for k in self._mail_order if k in self._mail)
+                self._mail_order = collections.deque(
+                    (seq, k) for seq, k in self._mail_order if k in self._mail and seq >= self._mail[k][0].seq)
             self._mail_cv.notify_all()
 
     def _drop(self, err: Exception, sender: str) -> None:

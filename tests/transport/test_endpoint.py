@@ -9,7 +9,7 @@ import torch
 
 from geotrain.errors import PeerTimeoutError, TransportError
 from geotrain.peers.probe import ProbeConfig, measure_link, serve_probes
-from geotrain.transport import Message, Transport, TransportConfig
+from geotrain.transport import Limits, Message, Transport, TransportConfig
 
 
 @pytest.fixture
@@ -115,3 +115,31 @@ def test_a_send_handed_over_just_before_close_still_arrives() -> None:
             a.send("b", Message(kind="last", tag=(i,), tensors={"x": torch.ones(4 << 20)}))
             a.close()
             assert b.recv("last", (i,), timeout=10).tensors["x"].shape == (4 << 20,)
+
+
+def test_mailbox_overflow_evicts_the_oldest_unclaimed_message() -> None:
+    # room for two 4 KiB messages: a third evicts the oldest one nobody has taken yet
+    cfg = TransportConfig(limits=Limits(max_buffered_bytes=9 * 1024))
+    a = Transport(TransportConfig(), peer_id="a").start()
+    b = Transport(cfg, peer_id="b").start()
+    a.connect("b", b.address)
+    try:
+        def put(kind: str, value: int) -> None:  # every "hop" shares one tag, as a stream of replies would
+            a.send("b", Message(kind=kind, tag=(0,), tensors={"x": torch.full((1024,), float(value))}))
+
+        put("hop", 1)
+        assert b.recv("hop", (0,), timeout=10).tensors["x"][0] == 1  # taken: it no longer counts
+        put("late", 2)  # nobody takes this one: the oldest unclaimed from here on
+        put("hop", 3)
+        put("hop", 4)  # three unclaimed now: "late" must go, not the newer hop 3
+        deadline = time.monotonic() + 10
+        while b.stats.dropped["MailboxOverflow"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert b.stats.dropped["MailboxOverflow"] == 1
+        assert b.recv("hop", (0,), timeout=10).tensors["x"][0] == 3
+        assert b.recv("hop", (0,), timeout=10).tensors["x"][0] == 4
+        with pytest.raises(PeerTimeoutError):
+            b.recv("late", (0,), timeout=0.2)
+    finally:
+        a.close()
+        b.close()
