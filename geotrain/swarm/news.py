@@ -56,10 +56,12 @@ class NewsWaiter:
         self.stop, self.poll_s, self.min_gap_s = stop, poll_s, min_gap_s
         self._news = threading.Event()
         self._last = float("-inf")
-        self.received = 0
+        self._count_lock = threading.Lock()
+        self.received = 0  # news received (handler threads poke concurrently)
 
     def poke(self) -> None:
-        self.received += 1
+        with self._count_lock:
+            self.received += 1
         self._news.set()
 
     def wait(self) -> bool:
