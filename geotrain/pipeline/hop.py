@@ -4,12 +4,18 @@ What is a *hop*? The directed link from one stage to a neighbour in the same
 pipeline (forward: activations; backward: activation gradients). Each hop has
 its own :class:`HopSender`: the stage thread enqueues a message and goes on
 computing; the sender thread encodes it with the hop's codec (inside
-``Transport.send``) and hands the frames to the transport. A failure is kept
-and re-raised in the stage thread at its next :meth:`HopSender.check`.
+``Transport.send_async``) and hands the frames to the transport without
+waiting for them to leave, so several messages are in flight on the link at
+once (at most ``queue_size``), as on a real network: an emulated link's delay
+overlaps between messages instead of being paid one message after another. A
+failure is kept and re-raised in the stage thread at its next
+:meth:`HopSender.check`.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import logging
 import queue
 import threading
@@ -44,6 +50,7 @@ class HopSender:
         self._error: BaseException | None = None
         self._idle = threading.Condition(self._lock)
         self._pending = 0
+        self._in_flight = threading.BoundedSemaphore(queue_size)  # handed to the transport, not yet sent
         self._thread = threading.Thread(target=self._run, name=f"gt-hop-{peer[:12]}", daemon=True)
         self._thread.start()
 
@@ -98,19 +105,45 @@ class HopSender:
             if item is None:
                 return
             msg, codec = item
+            if self._error is not None:  # after a failure, drain without sending
+                self._settle()
+                continue
+            if not self._in_flight.acquire(timeout=self.timeout_s):
+                self._fail(PeerTimeoutError(f"{self._queue.maxsize} messages to {self.peer} not sent within "
+                                            f"{self.timeout_s}s", peer=self.peer, step=msg.step), msg.step)
+                self._settle()
+                continue
             t0 = time.perf_counter()
             try:
-                if self._error is None:  # after a failure, drain without sending
-                    n = self.transport.send(self.peer, msg, codec=codec, timeout=self.timeout_s)
-                    with self._lock:
-                        self._counters.messages += 1
-                        self._counters.bytes += n
-                        self._counters.busy_s += time.perf_counter() - t0
-            except (PeerTimeoutError, TransportError) as e:
-                logger.warning("hop to %s failed at step %d: %s", self.peer, msg.step, e)
-                with self._lock:
-                    self._error = e
-            finally:
-                with self._idle:
-                    self._pending -= 1
-                    self._idle.notify_all()
+                fut = self.transport.send_async(self.peer, msg, codec=codec, timeout=self.timeout_s)
+            except TransportError as e:  # our own transport is closed
+                self._in_flight.release()
+                self._fail(e, msg.step)
+                self._settle()
+                continue
+            fut.add_done_callback(functools.partial(self._sent, step=msg.step, busy_s=time.perf_counter() - t0))
+
+    def _sent(self, fut: concurrent.futures.Future[int], step: int, busy_s: float) -> None:
+        """The transport handed a message to ZMQ (or gave up on it): count it or keep the failure."""
+        self._in_flight.release()
+        if fut.cancelled():
+            self._fail(TransportError("send cancelled (transport closed)"), step)
+        elif (e := fut.exception()) is not None:
+            self._fail(e, step)
+        else:
+            with self._lock:
+                self._counters.messages += 1
+                self._counters.bytes += fut.result()
+                self._counters.busy_s += busy_s
+        self._settle()
+
+    def _fail(self, e: BaseException, step: int) -> None:
+        logger.warning("hop to %s failed at step %d: %s", self.peer, step, e)
+        with self._lock:
+            if self._error is None:
+                self._error = e
+
+    def _settle(self) -> None:
+        with self._idle:
+            self._pending -= 1
+            self._idle.notify_all()

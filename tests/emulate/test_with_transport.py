@@ -84,3 +84,24 @@ def test_across_namespaces_kernel_shapes_bandwidth_and_the_hook_adds_delay() -> 
         (big,) = timed(a, b, 2_500_000)  # 1 s at 20 Mbit/s (goodput ~96% of that) + 50 ms
         expected = 2_500_000 / (RATE * 0.956) + ONE_WAY
         assert big == pytest.approx(expected, rel=0.15), (big, expected)
+
+
+def test_a_pipeline_hop_keeps_several_messages_in_flight_on_a_delayed_link() -> None:
+    # the stage's sender thread must not pay the link's delay per message: 6 activations sent back to back
+    # arrive one delay after the first, as over a real link, not 6 delays later
+    from geotrain.pipeline.hop import HopSender
+
+    with ExitStack() as stack:
+        a, b = pair(stack, None, shape_bandwidth=False)
+        timed(a, b, 1)  # warm the connection
+        hop = HopSender(a, "peer-b", codec="none", timeout_s=20, queue_size=8)
+        stack.callback(hop.close)
+        t0 = time.monotonic()
+        for i in range(6):
+            hop.submit(Message(kind="pp.act", tag=(i,), step=0, tensors={"x": torch.zeros(64)}))
+        for i in range(6):
+            b.recv("pp.act", (i,), timeout=20)
+        took = time.monotonic() - t0
+        hop.flush(0)
+        assert ONE_WAY <= took < 3 * ONE_WAY, took  # blocking sends took 6 x 50 ms
+        assert hop.take_counters().messages == 6
