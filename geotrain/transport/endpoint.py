@@ -112,6 +112,7 @@ class Transport:
         self._pool = concurrent.futures.ThreadPoolExecutor(config.handler_threads, thread_name_prefix="gt-handler")
         self._ready = threading.Event()
         self._closed = threading.Event()
+        self._shut = False
         self._address: str | None = None
         self._start_error: BaseException | None = None
         self._auth: Any = None
@@ -141,8 +142,9 @@ class Transport:
         return self._address
 
     def close(self, timeout: float = 5.0) -> None:
-        if self._closed.is_set():
+        if self._shut:
             return
+        self._shut = True  # not _closed: a failed I/O thread sets that, and the sockets must still go
         self._closed.set()
         with self._mail_cv:
             self._mail_cv.notify_all()
@@ -193,7 +195,10 @@ class Transport:
             for key in list(self._mail):
                 kept = collections.deque(m for m in self._mail[key] if self._fresh(m.header))
                 self._mail_bytes -= sum(m.nbytes for m in self._mail[key]) - sum(m.nbytes for m in kept)
-                self._mail[key] = kept
+                if kept:
+                    self._mail[key] = kept
+                else:
+                    del self._mail[key]  # a key in the mailbox always has a message (eviction relies on it)
 
     def allow_clients(self, keys: set[bytes] | frozenset[bytes]) -> None:
         """Replace the CURVE allow-list (z85 public keys of the swarm's verified members)."""
@@ -354,7 +359,7 @@ class Transport:
                 self._count_drop("MailboxOverflow", gone.header.sender)
             if len(self._mail_order) > 4 * (len(self._mail) + 64):
                 self._mail_order = collections.deque(
-                    (seq, k) for seq, k in self._mail_order if k in self._mail and seq >= self._mail[k][0].seq)
+                    (seq, k) for seq, k in self._mail_order if self._mail.get(k) and seq >= self._mail[k][0].seq)
             self._mail_cv.notify_all()
 
     def _drop(self, err: Exception, sender: str) -> None:
@@ -524,6 +529,13 @@ class Transport:
                     again = self._remotes.get(peer)
                     if again is not None and self._dial(peer, again, poller, by_socket):
                         self._flush(peer, poller, timers, seq)
+        except Exception:
+            # a bug, not bad input (that is refused and counted in _receive): without this thread nothing moves,
+            # so say so and close, and every blocked recv/send/request fails with TransportError instead of hanging
+            logger.exception("transport I/O thread of %s failed; the transport is closed", self.peer_id)
+            self._closed.set()
+            with self._mail_cv:
+                self._mail_cv.notify_all()
         finally:
             for remote in self._remotes.values():
                 for out in remote.pending:

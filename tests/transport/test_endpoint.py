@@ -143,3 +143,31 @@ def test_mailbox_overflow_evicts_the_oldest_unclaimed_message() -> None:
     finally:
         a.close()
         b.close()
+
+
+def test_messages_of_a_replaced_plan_leave_no_trace_that_breaks_the_mailbox(pair: tuple[Transport, Transport]) -> None:
+    # a new plan version drops the old plan's unclaimed messages; the mailbox's bookkeeping must survive that
+    # through its periodic compaction (hundreds of later messages), or the I/O thread dies and recv hangs
+    a, b = pair
+    b.set_context(job="j", plan_version=1)
+    for i in range(5):
+        a.send("b", Message(kind="old", tag=(i,), job="j", plan_version=1, tensors={"x": torch.zeros(4)}))
+    b.recv("old", (4,), timeout=10)  # all five are in
+    b.set_context(job="j", plan_version=2)
+    for i in range(400):
+        a.send("b", Message(kind="new", tag=(0,), job="j", plan_version=2, step=i))
+        assert b.recv("new", (0,), timeout=10).step == i
+
+
+def test_a_failed_io_thread_closes_the_transport_instead_of_hanging(pair: tuple[Transport, Transport]) -> None:
+    a, b = pair
+
+    def broken(item: object) -> None:
+        raise RuntimeError("a bug in filing")
+
+    b._file = broken  # type: ignore[method-assign]
+    a.send("b", Message(kind="x", tag=(0,)))
+    t0 = time.monotonic()
+    with pytest.raises(TransportError, match="closed"):
+        b.recv("x", (0,), timeout=30)
+    assert time.monotonic() - t0 < 10
