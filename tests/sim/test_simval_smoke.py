@@ -38,7 +38,9 @@ def test_simval_smoke(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cal["cpu_fit_rel_rms"] < 0.25 and 0 <= cal["reserved_cores"] < cal["cores"], cal
     ps = rec["where_time_went"]
     assert ps["cpu_per_step_s"] > 0 and ps["compute_per_step_s"] > 0 and ps["round_s"] > 0, ps
-    assert 0.5 <= rec["calibrated_tokens_ratio"] <= 2.0, rec  # a tiny run: start-up is much of its wall time
+    # a tiny run (start-up is much of its wall time) on a box that may be busy: no accuracy claim here, only
+    # that the host floor and the measured round overhead can only lengthen the planner-fed simulation's step
+    assert 0 < rec["calibrated_tokens_ratio"] <= rec["planner_tokens_ratio"] * (1 + 1e-6), rec
     if os.geteuid() == 0:
         assert m["kernel_cross_bytes"] >= m["data_plane_cross_bytes"] > 0  # the kernel counts the DHT too
         assert cal["control_bytes_per_peer_s"] > 0
