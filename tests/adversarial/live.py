@@ -65,6 +65,14 @@ class CoordinatorThread:
             if predicate(e):
                 return e
 
+    def latest_step(self) -> int:
+        """The highest step in the newest progress event so far (queued events are taken, not waited for)."""
+        while not self.events.empty():
+            self.seen.append(self.events.get_nowait())
+        steps = [max((p["step"] for p in e["peers"].values()), default=0)
+                 for e in self.seen if e.get("event") == "progress"]
+        return steps[-1] if steps else 0
+
     def join(self, timeout: float) -> dict[str, Any]:
         self.thread.join(timeout)
         if self.thread.is_alive():
