@@ -125,6 +125,9 @@ class StageWorker:
             data=data,
         )
         named = dict(self.stage.named_parameters())
+        # state() is served from the transport's handler threads: never read half a commit. The syncs hold it
+        # only while applying a round, so a donor answers a joiner at once even while its round is in flight
+        self._commit_lock = threading.Lock()
         self.syncs: list[DiLoCoSync] = []
         for g in groups:
             params = [(n, named[n]) for n in named if g.start <= block_of(n) < g.end]
@@ -133,7 +136,8 @@ class StageWorker:
                 for m in g.members
             ]
             sync = DiLoCoSync(
-                self._sync_config(g), params=params, transport=transport, membership=StaticMembership(members)
+                self._sync_config(g), params=params, transport=transport, membership=StaticMembership(members),
+                commit_lock=self._commit_lock,
             )
             sync.set_context(job=plan.job_id, plan_version=plan.version)
             if state is not None and all(n in state.params for n, _ in params):
@@ -141,8 +145,6 @@ class StageWorker:
             elif state is not None:
                 logger.warning("group %s: no complete global state; its blocks restart from the seed", g.name)
             self.syncs.append(sync)
-        # state() is served from the transport's handler threads: never read half a commit
-        self._commit_lock = threading.Lock()
         self.tokens = 0
         self.last_loss: float | None = None
         self.compute_s = 0.0
@@ -218,9 +220,8 @@ class StageWorker:
     def step(self, step: int) -> Any:
         t0 = time.perf_counter()
         m = self.runtime.run_inner_step(step)
-        with self._commit_lock:
-            for sync in self.syncs:
-                sync.after_inner_step(step + 1)  # the sync counts inner steps completed
+        for sync in self.syncs:
+            sync.after_inner_step(step + 1)  # the sync counts inner steps completed
         self.round = min((o.version for sync in self.syncs for o in sync.outer), default=self.round)
         self._step = step + 1
         t1 = time.perf_counter()
@@ -244,9 +245,8 @@ class StageWorker:
         model (checkpoint, report, state served to the coordinator) would miss the
         last round. Every member stops at the same step, so all of them take part.
         """
-        with self._commit_lock:
-            for sync in self.syncs:
-                sync.flush()
+        for sync in self.syncs:
+            sync.flush()
         self.round = min((o.version for sync in self.syncs for o in sync.outer), default=self.round)
         self._maybe_checkpoint(self._step)  # rewrites the boundary's checkpoint with the flushed state
 
@@ -293,7 +293,8 @@ class StageWorker:
                 g, mom = named_state(sync)
                 params.update(g)
                 momentum.update(mom)
-        return StageState(self.plan.job_id, self.round, self._step, params, momentum)
+            rnd = min((o.version for sync in self.syncs for o in sync.outer), default=self.round)
+        return StageState(self.plan.job_id, rnd, self._step, params, momentum)
 
     def close(self) -> None:
         for sync in self.syncs:

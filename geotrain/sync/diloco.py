@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -70,6 +71,7 @@ class DiLoCoSync:
         transport: Transport,
         membership: Membership,
         clock: Callable[[], float] = time.monotonic,
+        commit_lock: threading.Lock | None = None,
     ) -> None:
         if config.backend != "geotrain":
             raise ConfigError("DiLoCoSync runs backend 'geotrain'; use HivemindDiLoCoSync for backend 'hivemind'")
@@ -86,6 +88,10 @@ class DiLoCoSync:
         )
         self._pending: dict[int, _Pending] = {}
         self.history: list[RoundOutcome] = []
+        # held only while a round's result is applied (never while waiting for one): a reader of the global
+        # state (a joiner's state transfer, a checkpoint) takes it to see whole commits, and is not kept
+        # waiting for a round in flight. Share one lock between the syncs of a peer for one snapshot of all.
+        self.commit_lock = commit_lock if commit_lock is not None else threading.Lock()
 
     @property
     def stats(self) -> SyncStats:
@@ -150,7 +156,8 @@ class DiLoCoSync:
             logger.info("round %s discarded: %s", outcome.round_id, outcome.reason)
             return
         assert outcome.delta is not None
-        commit(self.fragments[p], self.outer[p], outcome.delta, counted=self.peer_id in outcome.contributors)
+        with self.commit_lock:
+            commit(self.fragments[p], self.outer[p], outcome.delta, counted=self.peer_id in outcome.contributors)
 
     # -- checkpoints and joiners -------------------------------------------------------------------
     def global_flat(self) -> torch.Tensor:

@@ -157,3 +157,25 @@ def _index(group: Group, peer_id: str) -> int:
 def _leader_of(group: Group, peer_id: str) -> str:
     roles = _roles(group)
     return roles.leaders[roles.group_of(peer_id)].peer_id
+
+
+def test_the_commit_lock_is_free_while_a_round_waits(group: Group) -> None:
+    # a peer's state (what a joiner pulls, what a checkpoint writes) is read under the commit lock; a round
+    # waiting on a silent member must not hold it, or every reader waits out the round's deadline with it
+    group.build(REGIONS, exact_config(deadline_floor_s=FLOOR), seeded_model())
+    _perturb(group)
+    silent = _pick(group, "member")
+    survivors = [p for p in group.peers if p.peer_id != silent]
+    futures = [group.pool.submit(p.sync.after_inner_step, 1) for p in survivors]
+    deadline = time.monotonic() + FLOOR / 2
+    while sum(p.transport.stats.sent_messages for p in survivors) == 0 and time.monotonic() < deadline:
+        time.sleep(0.005)  # poll: the rounds are under way once members send; they wait for the silent one
+    assert sum(p.transport.stats.sent_messages for p in survivors) > 0
+    waits = []
+    for p in survivors:
+        t0 = time.monotonic()
+        with p.sync.commit_lock:
+            waits.append(time.monotonic() - t0)
+    outcomes = [f.result(timeout=30) for f in futures]
+    assert all(out[0].committed for out in outcomes)
+    assert max(waits) < 0.25 * FLOOR, waits
