@@ -285,13 +285,14 @@ def compare(kept: dict[str, Any], calibration: dict[str, Any] | None = None) -> 
         rec[f"{key}_step_s"] = round(m["tokens"] / steps / sim["tokens_per_s"], 4) if sim["tokens_per_s"] else None
     rec["where_time_went"] = time_split(kept, run_sim.get("round_s"))
     if calibration is not None and rec["where_time_went"] is not None:
-        host = host_model(kept, calibration)
-        scenario, pipelines, _ = sim_scenario(kept, in_run=False)
         from geotrain.planner import CostModel
 
+        host = host_model(kept, calibration)
+        scenario, pipelines, _ = sim_scenario(kept, in_run=False)
+        cm = CostModel(scenario)
         rec["where_time_went"]["modelled_cpu_per_step_s"] = round(sum(
-            host.peer_cpu_s(t) for _, t in cpu_points(CostModel(scenario), pipelines)), 5)
-        rec["where_time_went"]["host_floor_step_s"] = round(max(host.floors(CostModel(scenario), pipelines)), 5)
+            host.peer_cpu_s(t) for _, t in cpu_points(cm, pipelines)), 5)
+        rec["where_time_went"]["host_floor_step_s"] = round(max(host.floors(cm, pipelines)), 5)
     rec["data_plane_cross_bytes_ratio"] = _ratio(run_sim["cross_bytes"], m["data_plane_cross_bytes"])
     rec["data_plane_total_bytes_ratio"] = _ratio(run_sim["total_bytes"], m["data_plane_total_bytes"])
     rec["kernel_cross_bytes_ratio"] = _ratio(run_sim["cross_bytes"], m["kernel_cross_bytes"])
@@ -382,7 +383,7 @@ def calibrate(kept_runs: list[dict[str, Any]]) -> dict[str, Any]:
     rows: list[tuple[float, float, float, float]] = []
     ys: list[float] = []
     round_extra: list[float] = []
-    avail: list[float] = []
+    used_runs: list[float] = []
     busy_runs: list[float | None] = []
     reserved_runs: list[float] = []
     rates: list[float] = []
@@ -391,7 +392,8 @@ def calibrate(kept_runs: list[dict[str, Any]]) -> dict[str, Any]:
     for kept in kept_runs:
         ps = kept["report"].get("peer_stats") or {}
         scenario, pipelines, _ = sim_scenario(kept, in_run=False)
-        pts = [(peer, t) for peer, t in cpu_points(CostModel(scenario), pipelines) if (ps.get(peer) or {}).get("steps")]
+        cm = CostModel(scenario)
+        pts = [(peer, t) for peer, t in cpu_points(cm, pipelines) if (ps.get(peer) or {}).get("steps")]
         if not pts:
             continue
         names.append(kept["config"]["name"])
@@ -399,7 +401,7 @@ def calibrate(kept_runs: list[dict[str, Any]]) -> dict[str, Any]:
         for peer, t in pts:
             rows.append(t)
             ys.append(ps[peer]["cpu_s"] / ps[peer]["steps"])
-        split = time_split(kept, simulate_run(kept, in_run=False)["round_s"])
+        split = time_split(kept, cm.predict(pipelines).round_sync_s)
         if split is not None and split["round_s"] > 0:
             round_extra.append(split["round_s"] - split["modelled_round_s"])
         m = measured_figures(kept)
@@ -409,7 +411,7 @@ def calibrate(kept_runs: list[dict[str, Any]]) -> dict[str, Any]:
         busy_runs.append(None if busy is None else round(busy, 3))
         # what the rest of the box took: measured when sampled, else the run is assumed to have saturated it
         reserved_runs.append(max(0.0, (busy if busy is not None else host_cores(kept)) - used))
-        avail.append(used)
+        used_runs.append(used)
         ctrl = m.get("control_plane_bytes_per_s")
         if ctrl is not None:  # only with namespaces (kernel counters)
             rates.append(ctrl / len(kept["report"]["peers"]))
@@ -425,7 +427,7 @@ def calibrate(kept_runs: list[dict[str, Any]]) -> dict[str, Any]:
                  "message_cpu_s": round(coef[2], 7), "round_cpu_s_per_mparam": round(coef[3], 6)},
         # how well the four terms explain the peers' CPU: root mean square residual over the mean
         "cpu_fit_rel_rms": round((rss / len(ys)) ** 0.5 / mean_y, 4) if mean_y else None,
-        "cores": box, "cores_used_by_peers": [round(a, 3) for a in avail],
+        "cores": box, "cores_used_by_peers": [round(a, 3) for a in used_runs],
         "box_busy_cores": busy_runs, "reserved_cores": round(reserved, 4),
         # rounds took this much longer than the modelled all-reduce (their own durations, peer_stats): latency
         # of each message's hop through busy processes, encoding, the outer step
