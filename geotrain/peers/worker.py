@@ -176,7 +176,8 @@ class StageWorker:
     def _initial_state(
         self, previous: StageState | None, previous_plan: JobPlan | None, links: dict[str, LinkMeasurement]
     ) -> StageState | None:
-        """Global state for this stage's blocks: own, else gathered from the plan's peers, else None (seed)."""
+        """Global state for this stage's blocks: own, else gathered from the plan's peers (and the previous
+        plan's), else None (seed)."""
         names = [n for n, _ in self.stage.named_parameters()]
         start, end = self.stage.layers
         own = previous.select(start, end) if previous is not None else None
@@ -192,13 +193,24 @@ class StageWorker:
             return ck
         if self.plan.start_step == 0 and previous_plan is None:
             return None  # a fresh job: the seed gives every member identical weights
-        # who held these blocks in the previous plan goes first, then the fastest measured links
-        held_before = set()
+        # the plan's peers first (alive a moment ago), of those who held these blocks in the previous plan first,
+        # then the fastest measured links; last the previous plan's peers this plan left out (spares now, or
+        # dead): a block only they hold would otherwise restart from the seed
+        plan_peers = set(self.plan.peers)
+        held_before: set[str] = set()
         if previous_plan is not None:
-            held_before = {sl.peer for pp in previous_plan.pipelines for sl in pp if sl.start < end and start < sl.end}
+            for pp in previous_plan.pipelines:
+                for sl in pp:
+                    if not (sl.start < end and start < sl.end):
+                        continue
+                    held_before.add(sl.peer)
+                    if sl.peer not in plan_peers and sl.peer != self.peer_id and sl.endpoint:
+                        key = sl.curve_public_key.encode() if sl.curve_public_key else None
+                        self.transport.connect(sl.peer, sl.endpoint, region=sl.region, curve_server_key=key)
+        left_out = held_before - plan_peers
         donors = sorted(
-            (p for p in self.plan.peers if p != self.peer_id),
-            key=lambda m: (m not in held_before, -(links[m].bandwidth_bps if m in links else 0.0)),
+            (p for p in plan_peers | left_out if p != self.peer_id),
+            key=lambda m: (m not in plan_peers, m not in held_before, -(links[m].bandwidth_bps if m in links else 0.0)),
         )
         try:
             return fetch_state(
