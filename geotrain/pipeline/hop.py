@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from geotrain.errors import PeerTimeoutError, StageFailedError, TransportError
+from geotrain.errors import CodecError, PeerTimeoutError, StageFailedError, TransportError
 from geotrain.transport import Message, Transport
 
 __all__ = ["HopSender", "HopCounters"]
@@ -51,6 +51,7 @@ class HopSender:
         self._idle = threading.Condition(self._lock)
         self._pending = 0
         self._in_flight = threading.BoundedSemaphore(queue_size)  # handed to the transport, not yet sent
+        self._widened = False  # an fp16 message overflowed and went as bf16 (logged once)
         self._thread = threading.Thread(target=self._run, name=f"gt-hop-{peer[:12]}", daemon=True)
         self._thread.start()
 
@@ -115,8 +116,18 @@ class HopSender:
                 continue
             t0 = time.perf_counter()
             try:
-                fut = self.transport.send_async(self.peer, msg, codec=codec, timeout=self.timeout_s)
-            except TransportError as e:  # our own transport is closed
+                try:
+                    fut = self.transport.send_async(self.peer, msg, codec=codec, timeout=self.timeout_s)
+                except CodecError as e:
+                    if codec != "fp16":
+                        raise
+                    # values beyond fp16's range (+-65504): this message goes as bf16 (same size, fp32's range)
+                    # rather than failing the step; the receiver reads each tensor's codec from its descriptor
+                    if not self._widened:
+                        self._widened = True
+                        logger.warning("hop to %s: %s; sending such messages as bf16", self.peer, e)
+                    fut = self.transport.send_async(self.peer, msg, codec="bf16", timeout=self.timeout_s)
+            except Exception as e:  # our transport closed, a codec refused the values, a bug: fail the step, not the thread
                 self._in_flight.release()
                 self._fail(e, msg.step)
                 self._settle()

@@ -105,3 +105,19 @@ def test_a_pipeline_hop_keeps_several_messages_in_flight_on_a_delayed_link() -> 
         hop.flush(0)
         assert ONE_WAY <= took < 3 * ONE_WAY, took  # blocking sends took 6 x 50 ms
         assert hop.take_counters().messages == 6
+
+
+def test_a_hop_sends_fp16_overflow_as_bf16_and_its_thread_survives_a_bad_message() -> None:
+    from geotrain.pipeline.hop import HopSender
+
+    with ExitStack() as stack:
+        a, b = pair(stack, None, shape_bandwidth=False)
+        hop = HopSender(a, "peer-b", codec="fp16", timeout_s=20, queue_size=4)
+        stack.callback(hop.close)
+        big = torch.full((8,), 1e6)  # beyond fp16's +-65504
+        hop.submit(Message(kind="pp.act", tag=(0,), step=0, tensors={"x": big}))
+        got = b.recv("pp.act", (0,), timeout=20).tensors["x"]
+        assert torch.allclose(got, big, rtol=1e-2)  # bf16: fp32's range, 8 bits of mantissa
+        hop.submit(Message(kind="pp.act", tag=(1,), step=1, tensors={"x": torch.ones(4)}))
+        assert b.recv("pp.act", (1,), timeout=20).tensors["x"].sum() == 4
+        hop.flush(1)
