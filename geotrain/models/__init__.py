@@ -4,6 +4,7 @@
 - :class:`BlockModel`, :class:`GPTModel`, :class:`BlockList`, :class:`TiedGroup`: the block-list form.
 - :func:`build_stage` -> :class:`StageModule`: blocks ``[start, end)`` built deterministically from a seed.
 - :func:`load_block_model` / :func:`resolve_model`: user models given as ``module:function``.
+- :class:`HFModel`, :func:`weights_digest`: local Hugging Face causal LMs as block models (``geotrain.models.hf``).
 - :func:`geotrain.models.profile.layer_profile`: per-block FLOPs/bytes for the planner.
 
 This package imports no networking.
@@ -11,6 +12,7 @@ This package imports no networking.
 
 from geotrain.models.blocks import BlockList, BlockModel, GPTModel, TiedGroup, cross_entropy_loss
 from geotrain.models.gpt import PRESETS, GPTConfig
+from geotrain.models.hf import HFModel, weights_digest
 from geotrain.models.loader import load_block_model, resolve_model
 from geotrain.models.stage import StageModule, TiedParameter, build_stage, even_split
 
@@ -20,6 +22,7 @@ __all__ = [
     "BlockModel",
     "GPTConfig",
     "GPTModel",
+    "HFModel",
     "StageModule",
     "TiedGroup",
     "TiedParameter",
@@ -28,4 +31,5 @@ __all__ = [
     "even_split",
     "load_block_model",
     "resolve_model",
+    "weights_digest",
 ]

@@ -7,6 +7,8 @@ token of the block's output (what crosses a hop when a stage ends after this
 block, before any codec; 0 for the last block). The head's parameter bytes
 include its projection even when tied, since a cut keeps a copy on each side.
 An embedding lookup counts 0 FLOPs here (the counter sees no matmul).
+A Hugging Face model (:class:`~geotrain.models.hf.HFModel`) is profiled the
+same way; build it with ``device="meta"`` so a big config allocates no weights.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from geotrain.errors import ConfigError
 from geotrain.models.blocks import BlockModel, GPTModel
 from geotrain.models.gpt import GPTConfig, build_gpt_block
+from geotrain.models.hf import HFModel
 from geotrain.planner.profile import LayerProfile
 
 __all__ = ["layer_profile"]
@@ -28,6 +31,9 @@ __all__ = ["layer_profile"]
 def _meta_block(model: BlockModel, index: int, seed: int) -> nn.Module:
     if isinstance(model, GPTModel):
         return build_gpt_block(model.config, index, seed, device="meta")
+    if isinstance(model, HFModel):
+        # build_block already copies; a model built with device="meta" holds no real weights at all
+        return model.build_block(index, model.seed if model.seed is not None else seed).to("meta")
     # a user block: a meta copy keeps the real weights untouched
     return copy.deepcopy(model.build_block(index, seed)).to("meta")
 
@@ -43,6 +49,8 @@ def layer_profile(
     """
     if isinstance(model, GPTConfig):
         model = GPTModel(model)
+    if sample_input is None and isinstance(model, HFModel):
+        sample_input = torch.zeros(1, model.seq_len, dtype=torch.long)
     if sample_input is None:
         if not isinstance(model, GPTModel):
             raise ConfigError("layer_profile of a user model needs sample_input: one (1, T) batch of its first input")
