@@ -71,11 +71,20 @@ class TransportConfig:
     """The data plane of one peer.
 
     ``host``/``port``: where the inbox binds (port 0 = any free port; read the
-    real address back from :attr:`Transport.address`).
+    real address back from :attr:`Transport.bound_address`).
+    ``announce``: what the peer publishes instead of the bound address, as
+    ``HOST`` or ``HOST:PORT`` items (:func:`geotrain.transport.addresses.parse_announce`);
+    empty = the bound address, or the interfaces' addresses when bound to ``0.0.0.0``/``::``.
+    ``dial_out``: this peer accepts no inbound connections (behind NAT): it publishes
+    :data:`~geotrain.transport.addresses.DIAL_BACK`, dials out to every peer it exchanges
+    with and says hello every ``keepalive_s`` so they answer over that connection.
     """
 
     host: str = "127.0.0.1"
     port: int = 0
+    announce: tuple[str, ...] = ()
+    dial_out: bool = False
+    keepalive_s: float = 5.0
     limits: Limits = field(default_factory=Limits)
     send_timeout_s: float = 30.0
     recv_timeout_s: float = 30.0
@@ -92,5 +101,9 @@ class TransportConfig:
         for name in ("send_timeout_s", "recv_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"transport.{name} must be > 0; got {getattr(self, name)}")
+        if isinstance(self.announce, str) or not all(isinstance(a, str) and a for a in self.announce):
+            raise ConfigError("transport.announce must be a tuple of HOST or HOST:PORT strings")
+        if self.keepalive_s <= 0:
+            raise ConfigError(f"transport.keepalive_s must be > 0; got {self.keepalive_s}")
         if self.sndhwm <= 0 or self.handler_threads <= 0:
             raise ConfigError("transport.sndhwm and transport.handler_threads must be > 0")

@@ -22,6 +22,20 @@ Request/response (:meth:`request` / :meth:`serve`): replies travel back on
 the requester's own connection through the ROUTER, so a server never dials
 an address a client chose.
 
+Bind vs announce: the inbox binds ``config.host:config.port``
+(:attr:`Transport.bound_address`); other peers dial :attr:`Transport.address`,
+the first of :attr:`Transport.endpoints` (``config.announce``, else the bound
+address, else the interfaces' addresses when bound to ``0.0.0.0``/``::``; see
+:mod:`geotrain.transport.addresses`).
+
+Dial-back (peers behind NAT): a transport in *dial-out* mode publishes
+:data:`~geotrain.transport.addresses.DIAL_BACK` and says hello on every outbox
+it opens (and every ``keepalive_s``). A peer that calls ``connect()`` with that
+address opens no socket: it learns the ROUTER route of the hello's connection
+and sends over it, so both directions flow over the connection the NATed peer
+opened. With CURVE the route counts only if the hello came with the key the
+peer was connected with (ZAP's User-Id), so no member can take another's route.
+
 Emulation: an ``emulator`` with ``before_send(dst_region, nbytes) -> seconds``
 holds each message that long before it reaches the socket (one-way delay and
 serialisation at an emulated rate, FIFO per destination). Emulation only.
@@ -51,6 +65,7 @@ from geotrain.errors import (
     TransportError,
 )
 from geotrain.transport import message as msgcodec
+from geotrain.transport.addresses import DIAL_BACK, advertised_endpoints
 from geotrain.transport.config import TransportConfig
 from geotrain.transport.message import CodecChoice, Message
 from geotrain.transport.queues import (
@@ -67,6 +82,9 @@ from geotrain.transport.wire import Header, check_frame_count, split_tensors, un
 logger = logging.getLogger(__name__)
 
 Handler = Callable[[Message], "Message | None"]
+
+#: message kind of a dial-out peer's hello: "answer me over this connection"
+HELLO = "__hello__"
 
 
 class LinkEmulator(Protocol):
@@ -114,6 +132,13 @@ class Transport:
         self._closed = threading.Event()
         self._shut = False
         self._address: str | None = None
+        self._endpoints: tuple[str, ...] = ()
+        self._dial_out = config.dial_out
+        #: the reachability preflight's verdict on this peer (geotrain.peers.reachability); None = unknown
+        self.reachable: bool | None = False if config.dial_out else None
+        # peer -> (ROUTER route, CURVE key its hello came with) of a dial-out peer's connection to our inbox
+        self._routes: dict[str, tuple[bytes, bytes | None]] = {}
+        self._new_routes: set[str] = set()  # routes learned by the last inbox read (owned by the I/O thread)
         self._start_error: BaseException | None = None
         self._auth: Any = None
         self._allowed: set[bytes] = set()  # CURVE clients the ZAP handler admits
@@ -135,11 +160,37 @@ class Transport:
         return self
 
     @property
-    def address(self) -> str:
-        """The bound inbox address, e.g. ``tcp://127.0.0.1:45123``."""
+    def bound_address(self) -> str:
+        """The bound inbox address as ZMQ reports it, e.g. ``tcp://0.0.0.0:45123``."""
         if self._address is None:
             raise TransportError("transport not started")
         return self._address
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        """The addresses this peer advertises (never an unspecified one), most preferred first."""
+        if self._address is None:
+            raise TransportError("transport not started")
+        return self._endpoints
+
+    @property
+    def address(self) -> str:
+        """What other peers dial: the first advertised endpoint, or ``DIAL_BACK`` in dial-out mode."""
+        if self._address is None:
+            raise TransportError("transport not started")
+        return DIAL_BACK if self._dial_out else self._endpoints[0]
+
+    @property
+    def dial_out(self) -> bool:
+        """True when this peer accepts no inbound connections and dials out to everyone instead."""
+        return self._dial_out
+
+    def set_dial_out(self, on: bool = True) -> None:
+        """Switch dial-out mode (after a failed reachability preflight); hello on every open outbox now."""
+        self._dial_out = on
+        if on:
+            self.reachable = False
+            self._command(("hello",))
 
     def close(self, timeout: float = 5.0) -> None:
         if self._shut:
@@ -173,8 +224,8 @@ class Transport:
         With CURVE, ``curve_server_key`` is the peer's public key; ``None`` for a peer already
         connected at the same address keeps the key it was connected with.
         """
-        if not address.startswith("tcp://"):
-            raise TransportError(f"peer {peer_id} address must be tcp://host:port; got {address!r}")
+        if not address.startswith("tcp://") and address != DIAL_BACK:
+            raise TransportError(f"peer {peer_id} address must be tcp://host:port or {DIAL_BACK}; got {address!r}")
         self._command(("connect", peer_id, address, region, curve_server_key))
 
     def disconnect(self, peer_id: str) -> None:
@@ -407,18 +458,26 @@ class Transport:
         sock.setsockopt(zmq.MAXMSGSIZE, self._limits.max_frame_bytes)
         sock.setsockopt(zmq.LINGER, int(self.config.linger_s * 1000))
         sock.setsockopt(zmq.RCVHWM, 1000)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a send to a route that is gone fails instead of vanishing
         if self.config.curve is not None:
             sock.curve_secretkey = self.config.curve.secret_key
             sock.curve_publickey = self.config.curve.public_key
             sock.curve_server = True
-        sock.bind(f"tcp://{self.config.host}:{self.config.port}")
+        host = self.config.host
+        if ":" in host.strip("[]"):
+            sock.setsockopt(zmq.IPV6, 1)
+            host = f"[{host.strip('[]')}]"
+        sock.bind(f"tcp://{host}:{self.config.port}")
         self._address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._endpoints = advertised_endpoints(self._address, self.config.announce)
         self._inbox = sock
         return sock
 
     def _dial(self, peer: str, remote: _Remote, poller: zmq.Poller, by_socket: dict[Any, str]) -> bool:
         """(Re)open the outbox of ``remote``; with CURVE, watch its handshake. False if it cannot be opened."""
         self._hang_up(remote, poller, by_socket)
+        if remote.address == DIAL_BACK:
+            return True  # no socket: it is sent over the route its own hello came in on
         try:
             remote.socket = self._open_outbox(remote, remote.server_key)
         except (zmq.ZMQError, AuthenticationError) as e:
@@ -426,12 +485,48 @@ class Transport:
             return False
         by_socket[remote.socket] = peer
         poller.register(remote.socket, zmq.POLLIN)
+        if self._dial_out:
+            self._hello(peer, remote)
         if self.config.curve is not None:
             # libzmq does not dial again after a refused CURVE handshake (we may not have been on the
             # peer's allow-list yet): watch for it and redial with backoff
             remote.monitor = remote.socket.get_monitor_socket(HANDSHAKE_EVENTS)
             by_socket[remote.monitor] = peer
             poller.register(remote.monitor, zmq.POLLIN)
+        return True
+
+    def _hello(self, peer: str, remote: _Remote) -> None:
+        """Dial-out mode: tell ``peer`` to answer over this outbox (queued by ZMQ until connected)."""
+        if remote.socket is None:
+            return
+        frames = msgcodec.encode(Message(HELLO), sender=self.peer_id)
+        try:
+            remote.socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            pass  # its queue is full of real traffic, which refreshes the route just as well
+
+    def _route_of(self, peer: str, remote: _Remote) -> bytes | None:
+        """The route to a dial-back peer, if it said hello (with the CURVE key we know for it)."""
+        known = self._routes.get(peer)
+        if known is None:
+            return None
+        route, key = known
+        if self.config.curve is not None and remote.server_key is not None and key != remote.server_key:
+            return None
+        return route
+
+    def _learn_route(self, sender: str, route: bytes, first: zmq.Frame) -> bool:
+        """Remember the route of a message from ``sender`` on the inbox; True if it is new."""
+        key: bytes | None = None
+        if self.config.curve is not None:
+            try:
+                user = first.get("User-Id")
+            except zmq.ZMQError:
+                return False
+            key = user.encode() if isinstance(user, str) else None
+        if self._routes.get(sender) == (route, key):
+            return False
+        self._routes[sender] = (route, key)
         return True
 
     def _is_monitor(self, sock: Any, by_socket: dict[Any, str]) -> bool:
@@ -498,10 +593,18 @@ class Transport:
         redials: dict[str, float] = {}  # peer -> when to dial again after a refused handshake
         seq = itertools.count()
         running = True
+        next_hello = time.monotonic() + self.config.keepalive_s
         try:
             while running:
                 now = time.monotonic()
-                timeout_ms = 1000.0
+                if now >= next_hello:
+                    next_hello = now + self.config.keepalive_s
+                    for peer, remote in list(self._remotes.items()):
+                        if self._dial_out:
+                            self._hello(peer, remote)
+                        if remote.address == DIAL_BACK and remote.pending:
+                            self._flush(peer, poller, timers, seq)  # fails what timed out waiting for a route
+                timeout_ms = min(1000.0, max(0.0, (next_hello - now) * 1000))
                 if timers:
                     timeout_ms = max(0.0, (timers[0][0] - now) * 1000)
                 if redials:
@@ -513,6 +616,9 @@ class Transport:
                         running = self._run_commands(poller, by_socket, timers, seq)
                     elif sock is inbox:
                         self._receive(sock, routed=True)
+                        for peer in self._new_routes:
+                            self._flush(peer, poller, timers, seq)
+                        self._new_routes.clear()
                     elif self._is_monitor(sock, by_socket):
                         peer = by_socket[sock]
                         self._on_handshake_event(peer, sock, redials)
@@ -559,7 +665,8 @@ class Transport:
                 remote = self._remotes.get(peer)
                 if server_key is None and remote is not None and remote.address == address:
                     server_key = remote.server_key  # re-connecting without a key keeps the known one
-                if (remote is not None and remote.address == address and remote.socket is not None
+                if (remote is not None and remote.address == address
+                        and (remote.socket is not None or address == DIAL_BACK)
                         and remote.server_key == server_key and not remote.refused):
                     remote.region = region or remote.region
                     continue
@@ -587,11 +694,28 @@ class Transport:
             elif op == "reply":
                 _, route, frames, to = cmd
                 self._reply(route, frames, to)
+            elif op == "reply_via":  # a request that came in on our outbox: answer on it
+                _, to, frames = cmd
+                remote = self._remotes.get(to)
+                if remote is not None:
+                    nbytes = sum(memoryview(f).nbytes for f in frames)
+                    now = time.monotonic()
+                    fut: concurrent.futures.Future[int] = concurrent.futures.Future()
+                    remote.pending.append(_Outgoing(frames, nbytes, fut, now, now + self.config.send_timeout_s))
+                    self._flush(to, poller, timers, seq)
+            elif op == "hello":
+                for peer, remote in self._remotes.items():
+                    self._hello(peer, remote)
 
     def _flush(self, peer: str, poller: zmq.Poller, timers: list[Any], seq: Any) -> None:
         """Send what is due for ``peer``, in order; hold the rest (emulated delay or a full queue)."""
         remote = self._remotes.get(peer)
-        if remote is None or remote.socket is None:
+        if remote is None:
+            return
+        if remote.address == DIAL_BACK:
+            self._flush_back(peer, remote, timers, seq)
+            return
+        if remote.socket is None:
             return
         now = time.monotonic()
         while remote.pending:
@@ -618,6 +742,40 @@ class Transport:
                 self._stats.sent_messages += 1
             _done(out.future, out.nbytes)
         poller.modify(remote.socket, zmq.POLLIN)
+
+    def _flush_back(self, peer: str, remote: _Remote, timers: list[Any], seq: Any) -> None:
+        """Send what is due for a dial-back peer over the route of its own connection to our inbox."""
+        assert self._inbox is not None
+        now = time.monotonic()
+        while remote.pending:
+            out = remote.pending[0]
+            if out.future.cancelled():
+                remote.pending.popleft()
+                continue
+            if now > out.deadline:
+                remote.pending.popleft()
+                _fail(out.future, PeerTimeoutError(f"send to {peer} timed out: no hello from it (a dial-out "
+                                                   "peer must connect to us first)", peer=peer))
+                continue
+            route = self._route_of(peer, remote)
+            if route is None:
+                return  # flushed again when its hello comes in (or at the next keepalive tick)
+            if out.ready_at > now:
+                heapq.heappush(timers, (out.ready_at, next(seq), peer))
+                return
+            try:
+                self._inbox.send_multipart([route, *out.frames], flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                heapq.heappush(timers, (min(out.deadline, now + 0.05), next(seq), peer))
+                return
+            except zmq.ZMQError:  # EHOSTUNREACH: that connection is gone; wait for the next hello
+                self._routes.pop(peer, None)
+                return
+            remote.pending.popleft()
+            with self._stats_lock:
+                self._stats.sent_bytes[peer] += out.nbytes
+                self._stats.sent_messages += 1
+            _done(out.future, out.nbytes)
 
     def _reply(self, route: bytes, frames: list[Any], to: str) -> None:
         # A request came in on the inbox: answer on the same connection.
@@ -674,6 +832,10 @@ class Transport:
                 self._count_drop("AuthenticationError", sender, "the header names a peer other than the one "
                                  "whose CURVE key sent it")
                 return
+            if route is not None and self._learn_route(sender, route, frames[0]):
+                self._new_routes.add(sender)
+            if header.kind == HELLO:
+                return
             tensors = split_tensors(header, [f.buffer for f in frames[1:]], self._limits)
             if not self._fresh(header):
                 raise StaleMessageError(f"message for job {header.job!r} plan {header.plan}")
@@ -684,10 +846,10 @@ class Transport:
         with self._stats_lock:
             self._stats.recv_bytes[sender] += nbytes
             self._stats.recv_messages += 1
-        item = _Inbound(header, tensors, nbytes, route)
+        item = _Inbound(header, tensors, nbytes, route, via)
         if header.rpc is not None and not header.rpc.get("reply"):
             handler = self._handlers.get(header.kind)
-            if handler is None or route is None:
+            if handler is None or (route is None and via is None):
                 self._count_drop("NoHandler", sender, header.kind)
                 return
             self._pool.submit(self._handle, handler, item)
@@ -708,8 +870,11 @@ class Transport:
         except Exception:  # a handler bug must not take the endpoint down
             logger.exception("handler for %s failed", item.header.kind)
             return
-        if reply is None or item.route is None:
+        if reply is None or (item.route is None and item.via is None):
             return
         assert item.header.rpc is not None
         frames = msgcodec.encode(reply, sender=self.peer_id, rpc={"id": item.header.rpc["id"], "reply": True})
-        self._command(("reply", item.route, frames, item.header.sender))
+        if item.route is not None:
+            self._command(("reply", item.route, frames, item.header.sender))
+        else:
+            self._command(("reply_via", item.via, frames))

@@ -42,6 +42,7 @@ class _Inbound:
     tensors: tuple[WireTensor, ...]
     nbytes: int
     route: bytes | None  # ROUTER identity to reply through, if it came in on the inbox
+    via: str | None = None  # the peer whose connection (our outbox) it came in on, if not the inbox
     seq: int = 0  # arrival order in the mailbox (which unclaimed message is the oldest)
 
 
