@@ -27,6 +27,8 @@ RECORD_KINDS = ("peers", "links", "job", "plan", "progress")
 
 _REGION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _ENDPOINT_RE = re.compile(r"^tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):[0-9]{1,5}$")
+#: the endpoint of a peer that accepts no inbound connections (geotrain.transport.addresses.DIAL_BACK)
+DIAL_BACK = "dialback://"
 
 PeerIdStr = Annotated[str, Field(min_length=1, max_length=128)]
 Seconds = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
@@ -48,9 +50,18 @@ class PeerRecord(_Record):
     """What a peer offers: published at start and refreshed by its heartbeat.
 
     ``flops`` is measured (FLOP/s from a short matmul benchmark), not declared.
-    ``endpoint`` is the peer's ZMQ data-plane address ``tcp://host:port``.
+    ``endpoint`` is the peer's ZMQ data-plane address ``tcp://host:port``, the one
+    others dial; ``dialback://`` for a peer behind NAT, which dials out to the peers
+    it exchanges with (never dial such a peer).
+    ``endpoints`` are all the addresses it advertises (``--announce``, or its interfaces'
+    addresses when bound to ``0.0.0.0``), ``endpoint`` first; never an unspecified address.
+    ``reachable`` is the reachability preflight's verdict (:mod:`geotrain.peers.reachability`):
+    True = another peer dialled its endpoints back, False = it could not (the peer dials out
+    instead), None = not checked yet (no other peer to ask).
     ``curve_public_key`` is its Z85 CURVE key when the swarm uses encryption.
     ``started_at`` / ``heartbeat_at`` are DHT times (seconds since the epoch).
+    ``endpoints`` and ``reachable`` are newer than the other fields: a record without them
+    (from an older geotrain) still decodes, as ``[]`` and None.
     """
 
     peer_id: PeerIdStr
@@ -65,6 +76,10 @@ class PeerRecord(_Record):
     admission: Annotated[str, Field(min_length=64, max_length=64)] | None = None  # swarm-key proof (hex)
     started_at: Seconds
     heartbeat_at: Seconds
+    endpoints: Annotated[list[Annotated[str, Field(max_length=300)]], Field(max_length=16)] = Field(
+        default_factory=list
+    )
+    reachable: bool | None = None
 
     @field_validator("region")
     @classmethod
@@ -78,9 +93,25 @@ class PeerRecord(_Record):
     @field_validator("endpoint")
     @classmethod
     def _endpoint(cls, v: str) -> str:
-        if not _ENDPOINT_RE.match(v):
-            raise ValueError(f"endpoint {v!r} must look like tcp://HOST:PORT")
+        if v != DIAL_BACK and not _ENDPOINT_RE.match(v):
+            raise ValueError(f"endpoint {v!r} must look like tcp://HOST:PORT (or {DIAL_BACK})")
         return v
+
+    @field_validator("endpoints")
+    @classmethod
+    def _endpoints(cls, v: list[str]) -> list[str]:
+        for e in v:
+            if not _ENDPOINT_RE.match(e):
+                raise ValueError(f"advertised endpoint {e!r} must look like tcp://HOST:PORT")
+            host = e[len("tcp://"):].rpartition(":")[0].strip("[]")
+            if host in ("0.0.0.0", "::", "*"):
+                raise ValueError(f"advertised endpoint {e!r} is unspecified: nobody can dial it")
+        return v
+
+    @property
+    def dial_back(self) -> bool:
+        """True for a peer others must not dial: it dials out, and is answered on its own connection."""
+        return self.endpoint == DIAL_BACK
 
 
 class LinkMeasurement(_Record):
@@ -112,7 +143,7 @@ class JobRecord(_Record):
     @field_validator("endpoint")
     @classmethod
     def _endpoint(cls, v: str | None) -> str | None:
-        if v is not None and not _ENDPOINT_RE.match(v):
+        if v is not None and v != DIAL_BACK and not _ENDPOINT_RE.match(v):
             raise ValueError(f"endpoint {v!r} must look like tcp://HOST:PORT")
         return v
 
@@ -145,6 +176,9 @@ class ProgressRecord(_Record):
     updated_at: Seconds
     stats: Annotated[dict[str, Finite], Field(max_length=64)] = Field(default_factory=dict)
 
+
+#: Fields added to a kind after its first release: records without them (older peers) stay valid.
+ADDED_FIELDS: dict[str, tuple[str, ...]] = {"peers": ("endpoints", "reachable")}
 
 #: The model stored under each kind of key.
 MODEL_OF_KIND: dict[str, type[_Record]] = {

@@ -33,7 +33,7 @@ from pydantic import BaseModel, JsonValue
 
 from geotrain.errors import RecordError
 from geotrain.swarm.msgpack_guard import scan_msgpack, strip_signatures
-from geotrain.swarm.records import MODEL_OF_KIND
+from geotrain.swarm.records import ADDED_FIELDS, MODEL_OF_KIND
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class LimitsValidator:
 
 
 # -- pydantic v2 model -> pydantic v1 schema -----------------------------------------------------
-_V1_CACHE: dict[type, type] = {}
+_V1_CACHE: dict[tuple[type, tuple[str, ...]], type] = {}
 
 
 def v1_type(annotation: Any) -> Any:
@@ -135,28 +135,36 @@ def v1_type(annotation: Any) -> Any:
     raise TypeError(f"no pydantic v1 equivalent for {annotation!r}; extend geotrain.swarm.schema.v1_type")
 
 
-def v1_model(model: type[BaseModel]) -> type:
-    """A pydantic v1 model with the same fields as ``model``, every field required, extras refused."""
-    if model not in _V1_CACHE:
-        fields = {name: (v1_type(f.annotation), ...) for name, f in model.model_fields.items()}
+def v1_model(model: type[BaseModel], *, without: tuple[str, ...] = ()) -> type:
+    """A pydantic v1 model with the same fields as ``model`` (less ``without``), every field required,
+    extras refused."""
+    key = (model, without)
+    if key not in _V1_CACHE:
+        fields = {name: (v1_type(f.annotation), ...) for name, f in model.model_fields.items() if name not in without}
 
         class Config:
             extra = v1.Extra.forbid
 
-        _V1_CACHE[model] = v1.create_model(f"{model.__name__}Schema", __config__=Config, **fields)  # type: ignore[call-overload]
-    return _V1_CACHE[model]
+        name = f"{model.__name__}{'Legacy' if without else ''}Schema"
+        _V1_CACHE[key] = v1.create_model(name, __config__=Config, **fields)  # type: ignore[call-overload]
+    return _V1_CACHE[key]
 
 
-def swarm_schema() -> type:
+def swarm_schema(*, legacy: bool = False) -> type:
     """The v1 model hivemind's SchemaValidator enforces: one field per record kind,
-    each a dict from owner-keyed subkeys to that kind's record."""
+    each a dict from owner-keyed subkeys to that kind's record.
+
+    ``legacy``: the records as older geotrain versions write them (without
+    :data:`~geotrain.swarm.records.ADDED_FIELDS`); a node accepts both shapes.
+    """
     from hivemind.dht.schema import BytesWithPublicKey
 
     fields: dict[str, Any] = {
-        kind: (dict[BytesWithPublicKey, v1_model(model)], None)  # type: ignore[misc]
+        kind: (dict[BytesWithPublicKey, v1_model(model, without=ADDED_FIELDS.get(kind, ()) if legacy else ())],  # type: ignore[misc]
+               None)
         for kind, model in MODEL_OF_KIND.items()
     }
-    return v1.create_model("SwarmSchema", **fields)
+    return v1.create_model("SwarmLegacySchema" if legacy else "SwarmSchema", **fields)
 
 
 def build_validators(
@@ -166,10 +174,13 @@ def build_validators(
     from hivemind.dht.crypto import RSASignatureValidator
     from hivemind.dht.schema import SchemaValidator
 
+    schema = SchemaValidator(swarm_schema(), allow_extra_keys=True, prefix=swarm)
+    # a record from an older peer (without the fields added since) matches the legacy schema
+    schema.merge_with(SchemaValidator(swarm_schema(legacy=True), allow_extra_keys=True, prefix=swarm))
     return [
         LimitsValidator(max_value_bytes=max_value_bytes, max_depth=max_depth, max_ttl_s=max_ttl_s),
         RSASignatureValidator(private_key),
-        SchemaValidator(swarm_schema(), allow_extra_keys=True, prefix=swarm),
+        schema,
     ]
 
 

@@ -50,6 +50,14 @@ class SwarmConfig:
 
     ``initial_peers``: multiaddrs ending in ``/p2p/<peer id>`` (empty = start a new swarm).
     ``host``/``port``: where this node's libp2p listens (port 0 = any free port).
+    ``announce``: the addresses other nodes should dial, ``HOST`` or ``HOST:PORT``
+    (hivemind's ``announce_maddrs``); an item without a port needs a fixed ``port``.
+    Empty: the listening address, or with ``host`` 0.0.0.0/:: and a fixed port this
+    machine's interface addresses (non-loopback first); never an unspecified address.
+    ``client_mode``: a node that accepts no inbound connections (behind NAT): it
+    reads and writes the DHT through others but stores nothing and serves no one.
+    ``use_relay``: may use libp2p circuit relays to reach NATed nodes;
+    ``use_auto_relay``: finds relays on its own and is reachable through them.
     ``heartbeat_s``: period of the peer-record heartbeat; the record expires after 3 periods.
     ``record_ttl_s``: lifetime of link/job/plan/progress records (republish before it ends).
     ``max_ttl_s``/``max_value_bytes``/``max_depth``: what this node's validators accept.
@@ -60,7 +68,10 @@ class SwarmConfig:
     host: str = "127.0.0.1"
     port: int = 0
     swarm: str = "geotrain"
+    announce: tuple[str, ...] = ()
     client_mode: bool = False
+    use_relay: bool = True
+    use_auto_relay: bool = False
     heartbeat_s: float = 5.0
     record_ttl_s: float = 120.0
     max_ttl_s: float = 600.0
@@ -90,6 +101,16 @@ class SwarmConfig:
             raise ConfigError(f"swarm.port must be in 0..65535 (0 = any free port); got {self.port}")
         if not self.host:
             raise ConfigError("swarm.host must be an address such as 127.0.0.1 or 0.0.0.0")
+        if isinstance(self.announce, str):
+            raise ConfigError("swarm.announce must be a tuple of HOST or HOST:PORT strings")
+        from geotrain.transport.addresses import announce_host_port, parse_announce
+
+        parse_announce(",".join(self.announce))  # refuses unspecified and malformed items
+        if self.port == 0 and any(announce_host_port(a, 0)[1] == 0 for a in self.announce):
+            raise ConfigError(
+                "an announced DHT address must name its port: give --dht-port (the port others dial, "
+                "also what your firewall must open) or HOST:PORT in --announce"
+            )
         for name in (
             "heartbeat_s",
             "record_ttl_s",
@@ -117,8 +138,30 @@ class SwarmConfig:
         return 3 * self.heartbeat_s
 
     def host_maddr(self) -> str:
-        proto = "ip6" if ":" in self.host else "ip4"
-        return f"/{proto}/{self.host}/tcp/{self.port}"
+        return _maddr(self.host, self.port)
+
+    def announce_maddrs(self) -> list[str]:
+        """What this node publishes for other nodes to dial (empty = what libp2p finds by itself)."""
+        from geotrain.transport.addresses import announce_host_port, interface_addresses, is_unspecified
+
+        if self.announce:
+            return [_maddr(*announce_host_port(a, self.port)) for a in self.announce]
+        if is_unspecified(self.host) and self.port:
+            import socket
+
+            family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+            hosts = interface_addresses(family=family)
+            logger.info("DHT bound to %s without --announce: announcing %s", self.host, ", ".join(hosts))
+            return [_maddr(h, self.port) for h in hosts]
+        return []
+
+
+def _maddr(host: str, port: int) -> str:
+    host = host.strip("[]")
+    proto = "ip6" if ":" in host else "ip4"
+    if proto == "ip4" and not host.replace(".", "").isdigit():
+        proto = "dns"
+    return f"/{proto}/{host}/tcp/{port}"
 
 
 class Swarm:
@@ -192,6 +235,9 @@ class Swarm:
             record_validators=validators,
             client_mode=cfg.client_mode,
             host_maddrs=[cfg.host_maddr()],
+            announce_maddrs=cfg.announce_maddrs() or None,
+            use_relay=cfg.use_relay,
+            use_auto_relay=cfg.use_auto_relay,
             identity_path=str(identity_path),
             # the check dials the swarm with a throwaway p2pd to see whether our peer id is already
             # online; a key minted a moment ago cannot be, so skip the extra daemon for those
@@ -255,7 +301,12 @@ class Swarm:
         from hivemind.dht.dht import DHT
 
         future = dht.run_coroutine(DHT._get_visible_maddrs, return_future=True)
-        return [str(m) for m in self._wait(future, "get visible maddrs")]
+        from geotrain.transport.addresses import is_loopback, is_unspecified
+
+        # libp2p may list the bound wildcard itself; nobody can dial that. Loopback last: it is only for this machine
+        maddrs = [str(m) for m in self._wait(future, "get visible maddrs")]
+        maddrs = [m for m in maddrs if not is_unspecified(m.split("/")[2])]
+        return sorted(maddrs, key=lambda m: is_loopback(m.split("/")[2]))
 
     # -- publishing ------------------------------------------------------------------------------
     def publish_peer(self, record: PeerRecord) -> bool:

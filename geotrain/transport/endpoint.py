@@ -82,6 +82,8 @@ from geotrain.transport.wire import Header, check_frame_count, split_tensors, un
 logger = logging.getLogger(__name__)
 
 Handler = Callable[[Message], "Message | None"]
+#: a handler that also gets the IP address the request came from (None when it came in on an outbox)
+OriginHandler = Callable[[Message, "str | None"], "Message | None"]
 
 #: message kind of a dial-out peer's hello: "answer me over this connection"
 HELLO = "__hello__"
@@ -120,6 +122,7 @@ class Transport:
         self._mail_bytes = 0
         self._mail_cv = threading.Condition()
         self._handlers: dict[str, Handler] = {}
+        self._origin_handlers: dict[str, OriginHandler] = {}
         self._rpc_waiting: set[str] = set()
         self._job: str | None = None
         self._past_jobs: set[str] = set()
@@ -259,6 +262,11 @@ class Transport:
     def serve(self, kind: str, handler: Handler) -> None:
         """Answer requests of ``kind``; the handler runs in a worker thread and returns the reply (or None)."""
         self._handlers[kind] = handler
+
+    def serve_with_origin(self, kind: str, handler: OriginHandler) -> None:
+        """As :meth:`serve`, the handler also given the IP address the request came from (as TCP saw it)."""
+        self._origin_handlers[kind] = handler
+        self._handlers[kind] = lambda m: handler(m, None)
 
     # -- sending ----------------------------------------------------------------------------------
     def send_async(
@@ -846,7 +854,13 @@ class Transport:
         with self._stats_lock:
             self._stats.recv_bytes[sender] += nbytes
             self._stats.recv_messages += 1
-        item = _Inbound(header, tensors, nbytes, route, via)
+        origin: str | None = None
+        if route is not None and header.kind in self._origin_handlers:
+            try:
+                origin = frames[0].get("Peer-Address")
+            except zmq.ZMQError:
+                origin = None
+        item = _Inbound(header, tensors, nbytes, route, via, origin)
         if header.rpc is not None and not header.rpc.get("reply"):
             handler = self._handlers.get(header.kind)
             if handler is None or (route is None and via is None):
@@ -863,7 +877,8 @@ class Transport:
             self._drop(e, item.header.sender)
             return
         try:
-            reply = handler(request)
+            with_origin = self._origin_handlers.get(item.header.kind)
+            reply = handler(request) if with_origin is None else with_origin(request, item.origin)
         except ProtocolError as e:
             self._drop(e, item.header.sender)
             return

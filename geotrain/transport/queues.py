@@ -43,6 +43,7 @@ class _Inbound:
     nbytes: int
     route: bytes | None  # ROUTER identity to reply through, if it came in on the inbox
     via: str | None = None  # the peer whose connection (our outbox) it came in on, if not the inbox
+    origin: str | None = None  # the IP address it came from (inbox only; ZMQ's Peer-Address)
     seq: int = 0  # arrival order in the mailbox (which unclaimed message is the oldest)
 
 
