@@ -4,7 +4,8 @@
 
     GeotrainError
     ├── ConfigError (ValueError)            bad job/scenario/component config; message says the fix
-    │   └── ScenarioError                   scenario file invalid or infeasible
+    │   ├── ScenarioError                   scenario file invalid or infeasible
+    │   └── DataError                       unusable training data; names the file (and line)
     ├── InfeasiblePlanError (ValueError)    planner found no assignment; names what is missing
     ├── CodecError (ValueError)             codec misuse or a corrupted/truncated encoding
     │   └── NonFiniteError                  NaN/Inf where the policy forbids it
@@ -46,6 +47,10 @@ class ConfigError(GeotrainError, ValueError):
 
 class ScenarioError(ConfigError):
     """A scenario file is malformed or describes an impossible swarm."""
+
+
+class DataError(ConfigError):
+    """The training data cannot be used (missing, empty, malformed); the message names the file and line."""
 
 
 class InfeasiblePlanError(GeotrainError, ValueError):
