@@ -61,6 +61,8 @@ _FINAL_NORMS = ("norm", "ln_f", "final_layernorm", "final_layer_norm", "final_no
 _POSITION_EMBEDDINGS = ("wpe", "embed_positions", "position_embeddings")
 _EMBED_DROPOUTS = ("drop", "dropout", "embed_dropout", "emb_drop")
 _ROTARY = ("rotary_emb",)
+# config fields naming work a causal LM's own forward does after its head (invisible in its modules)
+_UNSUPPORTED_FLAGS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
 # -- blocks -------------------------------------------------------------------------------------
@@ -276,6 +278,16 @@ def _load_config(path: Path, *, vocab_size: int | None, attn: str) -> Any:
     return config
 
 
+def _build(config: Any, *, seed: int, device: str, attn: str) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        with torch.device(device):
+            model: nn.Module = AutoModelForCausalLM.from_config(config, attn_implementation=attn)
+    return model
+
+
 def _max_positions(config: Any) -> int:
     for name in ("max_position_embeddings", "n_positions"):
         value = getattr(config, name, None)
@@ -316,6 +328,12 @@ class HFModel(BlockModel):
                 )
         self._seq_len = seq_len if seq_len is not None else self._max_positions
         self._generation_config = getattr(model, "generation_config", None) if _can_generate(model) else None
+        for flag in _UNSUPPORTED_FLAGS:
+            if getattr(self._config, flag, None):
+                raise ConfigError(
+                    f"cannot cut {_architecture(self._config)}: its causal LM's forward applies {flag}="
+                    f"{getattr(self._config, flag)!r} after the head, which the blocks would not; set it to null"
+                )
         parts = _Parts(model, self._config)
         self._prefix = parts.prefix
         self._num_layers = len(parts.layers)
@@ -359,24 +377,25 @@ class HFModel(BlockModel):
         every peer with the same arguments builds bitwise equal weights.
         ``device="meta"`` allocates nothing (for profiles of big models).
         ``vocab_size`` (the tokenizer's) overrides the config's.
+        An architecture without an sdpa path falls back to eager attention.
         """
-        from transformers import AutoModelForCausalLM
-
         if attn_implementation not in ATTN_IMPLEMENTATIONS:
             raise ConfigError(f"attn_implementation must be one of {ATTN_IMPLEMENTATIONS}; got {attn_implementation!r}")
         if device not in ("cpu", "meta"):
             raise ConfigError(f"HFModel builds on 'cpu' or 'meta' (stages move to their device later); got {device!r}")
-        config = _load_config(_config_file(path), vocab_size=vocab_size, attn=attn_implementation)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            with torch.device(device):
-                try:
-                    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
-                except ValueError as e:
-                    raise ConfigError(f"cannot build a causal LM from {str(path)!r} ({_architecture(config)}): {e}") from e
+        file = _config_file(path)
+        config = _load_config(file, vocab_size=vocab_size, attn=attn_implementation)
+        try:
+            model = _build(config, seed=seed, device=device, attn=attn_implementation)
+        except ValueError as e:
+            if attn_implementation != "sdpa" or "attention implementation" not in str(e):
+                raise ConfigError(f"cannot build a causal LM from {str(file)!r} ({_architecture(config)}): {e}") from e
+            # the same choice on every peer: this architecture has no sdpa path, so all use eager
+            log.info("%s has no sdpa attention; using eager", _architecture(config))
+            config = _load_config(file, vocab_size=vocab_size, attn="eager")
+            model = _build(config, seed=seed, device=device, attn="eager")
         model.float()  # a config may name bf16; weights are built and trained in fp32 here
-        return cls(model, seed=seed, seq_len=seq_len, activation_checkpointing=activation_checkpointing,
-                   verify=device != "meta")
+        return cls(model, seed=seed, seq_len=seq_len, activation_checkpointing=activation_checkpointing, verify=True)
 
     @classmethod
     def from_pretrained(
@@ -416,22 +435,37 @@ class HFModel(BlockModel):
         return cls(model, seed=None, seq_len=seq_len, activation_checkpointing=activation_checkpointing, verify=True)
 
     def _verify(self, model: nn.Module) -> None:
-        """The chained blocks must give the model's own logits on a short sequence (the cut is exact)."""
-        t = min(8, self._max_positions)
+        """The chained blocks must give the model's own logits on a short sequence (the cut is exact).
+
+        On the meta device only shapes can be compared: the blocks must run and give ``(1, t, V)``.
+        """
+        t = min(16, self._max_positions)
         vocab = int(self._config.vocab_size)
-        ids = torch.arange(t, dtype=torch.long).remainder(vocab).unsqueeze(0)  # (1, t)
+        meta = next(model.parameters()).is_meta
+        ids = torch.arange(t, dtype=torch.long, device="meta" if meta else "cpu").remainder(vocab).unsqueeze(0)  # (1, t)
         was_training = model.training
         model.eval()
         try:
             with torch.no_grad():
-                ref = model(input_ids=ids, use_cache=False).logits  # (1, t, V)
                 x = ids
                 for block in self._blocks:
                     x = block(x)
+                ref = None if meta else model(input_ids=ids, use_cache=False).logits  # (1, t, V)
+        except (TypeError, ValueError, RuntimeError, IndexError) as e:
+            raise ConfigError(
+                f"cannot cut {_architecture(self._config)}: its decoder layer does not run from hidden states, "
+                f"positions and a mask alone ({type(e).__name__}: {e})"
+            ) from e
         finally:
             model.train(was_training)
+        if tuple(x.shape) != (1, t, vocab):
+            raise ConfigError(
+                f"cannot cut {_architecture(self._config)}: the blocks give shape {tuple(x.shape)}, not (1, {t}, {vocab})"
+            )
+        if ref is None:
+            return
         scale = max(1.0, float(ref.abs().max()))
-        err = float((x.float() - ref.float()).abs().max()) if x.shape == ref.shape else float("inf")
+        err = float((x.float() - ref.float()).abs().max())
         if not err <= 1e-4 * scale:
             raise ConfigError(
                 f"cannot cut {_architecture(self._config)} exactly: the blocks' logits differ from the model's "

@@ -51,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--data-bytes", type=int, default=512 << 10)
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     p.add_argument("--no-tie", action="store_true", help="untie the GPT preset's embedding and head")
+    p.add_argument("--hf-config", default="", help="a Hugging Face config.json (or its directory) to build instead of --model")
     p.add_argument("--bandwidth-mbit", type=float, default=0.0,
                    help="emulate this bandwidth (Mbit/s) on every hop in the transport (0: none). EMULATION ONLY")
     p.add_argument("--rtt-ms", type=float, default=0.0, help="emulated round-trip time of every hop")
@@ -70,7 +71,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.no_tie and ":" not in args.model:
+    if args.hf_config:
+        from geotrain.models import HFModel
+
+        model = HFModel.from_config(args.hf_config, seed=args.seed)
+    elif args.no_tie and ":" not in args.model:
         from geotrain.models import GPTConfig
 
         model = resolve_model(GPTConfig.preset(args.model, tie_embeddings=False))
@@ -87,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         schedule=args.schedule, act_codec=args.act_codec, grad_codec=args.grad_codec, lr=args.lr,
         hop_timeout_s=args.hop_timeout,
     )
-    seq_len = getattr(getattr(model, "config", None), "seq_len", 32)
+    seq_len = getattr(model, "seq_len", None) or getattr(getattr(model, "config", None), "seq_len", 32)
     dataset = build_dataset(DataConfig(max_bytes=args.data_bytes)) if cfg.is_first or cfg.is_last else None
 
     def data(step: int) -> torch.Tensor:
