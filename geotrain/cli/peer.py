@@ -28,6 +28,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--identity", default=None, help="key file (created if missing) so a restart keeps the peer id")
     p.add_argument("--host", default="127.0.0.1", help="address for the DHT and the data plane (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="data-plane port (default 0: any free port)")
+    p.add_argument("--dht-port", type=int, default=0, help="DHT (libp2p) port (default 0: any free port)")
+    p.add_argument("--announce", default=None, metavar="HOST[,HOST...]",
+                   help="addresses other machines dial (data plane and DHT), e.g. a cloud VM's public IP; "
+                        "default: the --host address, or this machine's addresses when --host is 0.0.0.0")
+    p.add_argument("--nat", action="store_true",
+                   help="this machine accepts no inbound connections (home router, lab firewall): DHT client "
+                        "mode with relays, and the data plane dials out to the peers it exchanges with")
+    p.add_argument("--no-relay", action="store_true", help="never use libp2p circuit relays for the DHT")
     p.add_argument("--swarm", default="geotrain", help="swarm name (DHT key prefix)")
     p.add_argument("--device", default="cpu", help="torch device: cpu (default), cuda, cuda:N, auto")
     p.add_argument("--job", default=None, help="follow only this job id (default: the newest job)")
@@ -50,6 +58,11 @@ def load_admission(path: str | None) -> Any:
     from geotrain.swarm.keys import load_swarm_key
 
     return Admission(load_swarm_key(path))
+
+
+def _dht_port(swarm: Any) -> int:
+    maddrs = swarm.visible_maddrs()
+    return int(maddrs[0].split("/")[4]) if maddrs else swarm.config.port
 
 
 def _emit(event: dict[str, Any]) -> None:
@@ -89,14 +102,20 @@ def _run(args: argparse.Namespace) -> int:
             )
         )
     identity = Identity.load_or_create(args.identity) if args.identity else None
+    from geotrain.transport.addresses import parse_host_list
+
+    announce = parse_host_list(args.announce)
     config = SwarmConfig(
-        initial_peers=tuple(args.initial_peers), host=args.host, swarm=args.swarm, heartbeat_s=args.heartbeat
+        initial_peers=tuple(args.initial_peers), host=args.host, swarm=args.swarm, heartbeat_s=args.heartbeat,
+        port=args.dht_port, announce=announce, client_mode=args.nat, use_relay=not args.no_relay,
+        use_auto_relay=args.nat,
     )
     admission = load_admission(args.swarm_key)
     with Swarm(config, identity=identity, admission=admission) as swarm:
         curve = admission.curve_config() if admission is not None else None
-        transport = Transport(TransportConfig(host=args.host, port=args.port, curve=curve), peer_id=swarm.peer_id,
-                              region=args.region, emulator=emulator).start()
+        transport = Transport(TransportConfig(host=args.host, port=args.port, curve=curve, announce=announce,
+                                              dial_out=args.nat),
+                              peer_id=swarm.peer_id, region=args.region, emulator=emulator).start()
         try:
             agent = PeerAgent(
                 AgentConfig(region=args.region, usd_per_hour=args.price, device=args.device, job_id=args.job,
@@ -108,12 +127,22 @@ def _run(args: argparse.Namespace) -> int:
             agent_ref.append(agent)
             if stop.is_set():
                 return 0
+            from geotrain.peers.reachability import ReachabilityMonitor, reachability_event, run_preflight
+
+            def on_reach(result: Any) -> None:
+                _emit(reachability_event(result, transport=transport, dht_port=_dht_port(swarm),
+                                         dht_maddrs=swarm.visible_maddrs(), client_mode=args.nat))
+
+            on_reach(run_preflight(transport, swarm, region=args.region))  # before the record is first published
+            ReachabilityMonitor(transport, swarm, region=args.region, on_result=on_reach).start()
             record = agent.start()
             _emit({
                 "event": "ready",
                 "peer_id": swarm.peer_id,
                 "region": args.region,
                 "endpoint": transport.address,
+                "endpoints": list(transport.endpoints),
+                "reachable": transport.reachable,
                 "maddrs": swarm.visible_maddrs(),
                 "tflops": record.flops / 1e12,
                 "device": record.device,

@@ -1,10 +1,13 @@
 """``geotrain status``: join the swarm as a client and show its live peers and link matrix.
 
 One row per live peer (id, region, device, TFLOP/s, memory, price, age of its
-last heartbeat) and the measured link matrix (Mbit/s and RTT ms, row = source).
+last heartbeat, reachability, endpoint) and the measured link matrix (Mbit/s and
+RTT ms, row = source), then what looks wrong (a peer nobody can dial, one that
+publishes only a loopback address, one with no measured link).
 ``--json`` prints one JSON object instead:
-``{"peers": [...], "links": [{"src", "dst", "bandwidth_bps", "rtt_s", "measured_at"}]}``
-where ``bandwidth_bps`` is in bytes per second.
+``{"peers": [...], "links": [{"src", "dst", "bandwidth_bps", "rtt_s", "measured_at"}], "problems": [...]}``
+where ``bandwidth_bps`` is in bytes per second and each peer has ``reachability``:
+``reachable``, ``dial-out`` (behind NAT: it dials the others), ``unreachable`` or ``unknown``.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ def collect(swarm: Any) -> dict[str, Any]:
     for _, rec in sorted(swarm.get_peers().items(), key=lambda kv: (kv[1].region, kv[0])):
         row = rec.to_wire()
         row["heartbeat_age_s"] = max(0.0, now - rec.heartbeat_at)
+        row["reachability"] = reachability_word(rec)
         peers.append(row)
     live = {p["peer_id"] for p in peers}
     links = []
@@ -44,7 +48,39 @@ def collect(swarm: Any) -> dict[str, Any]:
         for dst, m in sorted(row.links.items()):
             if dst in live:
                 links.append({"src": src, "dst": dst, **m.to_wire()})
-    return {"peers": peers, "links": links}
+    return {"peers": peers, "links": links, "problems": problems(peers, links)}
+
+
+def reachability_word(rec: Any) -> str:
+    """``reachable`` / ``dial-out`` (behind NAT, dials the others) / ``unreachable`` / ``unknown``."""
+    if rec.dial_back:
+        return "dial-out"
+    return {True: "reachable", False: "unreachable", None: "unknown"}[rec.reachable]
+
+
+def problems(peers: list[dict[str, Any]], links: list[dict[str, Any]]) -> list[str]:
+    """What looks wrong with the swarm, one sentence per problem, each with its likely fix."""
+    from geotrain.transport.addresses import is_loopback, split_endpoint
+
+    out = []
+    linked = {lk["src"] for lk in links} | {lk["dst"] for lk in links}
+    regions = {p["region"] for p in peers}
+    nat = [p for p in peers if p["reachability"] == "dial-out"]
+    for p in peers:
+        who = f"peer {_short(p['peer_id'])} ({p['region']})"
+        if p["reachability"] == "unreachable":
+            out.append(f"{who} cannot be dialled and does not dial out: it is left out of plans; give it "
+                       "--announce with an address others reach, open its ports, or run it with --nat")
+        if p["endpoint"].startswith("tcp://") and is_loopback(split_endpoint(p["endpoint"])[0]) and len(regions) > 1:
+            out.append(f"{who} publishes a loopback address ({p['endpoint']}): start it with --host 0.0.0.0 "
+                       "(and --announce its public address) so other machines can reach it")
+        if len(peers) > 1 and p["peer_id"] not in linked and time.time() - p["started_at"] > 120:
+            out.append(f"{who} has no measured link after 2 minutes: its data-plane port is not reachable from "
+                       "the others (or it cannot reach them); see its reachability line")
+    if len(nat) > 1:
+        out.append(f"{len(nat)} peers are behind NAT (dial-out); two such peers cannot reach each other, so a "
+                   "plan takes only one of them")
+    return out
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -73,7 +109,8 @@ def _render(snapshot: dict[str, Any]) -> None:
     console = Console()
     peers = snapshot["peers"]
     table = Table(title=f"{len(peers)} live peer(s)")
-    for col in ("peer", "region", "device", "TFLOP/s", "memory GiB", "$/hour", "heartbeat age s", "endpoint"):
+    for col in ("peer", "region", "device", "TFLOP/s", "memory GiB", "$/hour", "heartbeat age s", "reachability",
+                "endpoint"):
         table.add_column(col, justify="right" if col[0].isupper() or col[0] in "m$h" else "left")
     for p in peers:
         table.add_row(
@@ -84,9 +121,12 @@ def _render(snapshot: dict[str, Any]) -> None:
             f"{p['memory_bytes'] / 2**30:.1f}",
             f"{p['usd_per_hour']:.2f}",
             f"{p['heartbeat_age_s']:.1f}",
+            p.get("reachability", "unknown"),
             p["endpoint"],
         )
     console.print(table)
+    for line in snapshot.get("problems", []):
+        console.print(f"[bold red]problem:[/] {line}")
     if not peers:
         return
     ids = [p["peer_id"] for p in peers]

@@ -147,9 +147,11 @@ def make_plan(
     egress_usd_per_gb: Mapping[str, float] | None = None,
 ) -> tuple[JobPlan, dict[str, Any]]:
     """Plan ``job`` on the live swarm; returns the plan and the planner's JSON (with baselines)."""
+    from geotrain.peers.reachability import plannable_peers
     from geotrain.planner import plan as run_planner
     from geotrain.planner.scenario import Scenario
 
+    peers = plannable_peers(peers)  # nobody is placed where others must dial it and cannot
     scenario = Scenario.from_dict(scenario_dict(job, peers, links, egress_usd_per_gb=egress_usd_per_gb))
     result = run_planner(scenario, seed=job.job.seed, time_budget_s=10.0)
     pipelines = []

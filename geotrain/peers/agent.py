@@ -129,6 +129,8 @@ class PeerAgent:
                 admission=None if self.swarm.admission is None else self.swarm.admission.own_proof(self.peer_id),
                 started_at=started,
                 heartbeat_at=time.time(),
+                endpoints=list(self.transport.endpoints),  # advertised; the reachability preflight's verdict:
+                reachable=self.transport.reachable,
             )
 
         self._record = make_record()
@@ -245,6 +247,10 @@ class PeerAgent:
         self._coordinator = (
             Contact(owner, rec.endpoint, curve_public_key=rec.curve_public_key) if rec.endpoint else None
         )
+        if self.transport.dial_out and rec.endpoint and self._coordinator is not None:
+            # behind NAT: open the connection the coordinator answers over (news, state requests)
+            key = rec.curve_public_key.encode() if rec.curve_public_key else None
+            self.transport.connect(owner, rec.endpoint, curve_server_key=key)
         prec = self.swarm.latest_plan(job_id=rec.job_id, publisher=owner)
         if prec is None:
             return None

@@ -53,9 +53,12 @@ class LinkMeasurement:
 
 
 def serve_probes(transport: Transport) -> None:
-    """Answer other peers' probes on this transport."""
+    """Answer other peers' probes on this transport: pings, bulk transfers and reachability dial-backs."""
+    from geotrain.peers.reachability import serve_dialback
+
     transport.serve(PING, lambda m: Message(kind=PING + ".ok"))
     transport.serve(BULK, lambda m: Message(kind=BULK + ".ok", meta={"n": m.nbytes}))
+    serve_dialback(transport)
 
 
 def measure_link(transport: Transport, peer_id: str, config: ProbeConfig | None = None) -> LinkMeasurement:

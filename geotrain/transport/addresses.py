@@ -183,3 +183,14 @@ def advertised_endpoints(bound: str, announce: tuple[str, ...] = ()) -> tuple[st
     logger.info("bound to %s without --announce: publishing this machine's addresses %s (set --announce to "
                 "publish another, e.g. a public IP)", bound, ", ".join(hosts))
     return tuple(tcp_endpoint(h, port) for h in hosts)
+
+
+def parse_host_list(text: str | None) -> tuple[str, ...]:
+    """The CLI's ``--announce HOST[,HOST...]``: hosts only (ports come from --port and --dht-port)."""
+    items = parse_announce(text)
+    for item in items:
+        host, port = announce_host_port(item, 0)
+        if port:
+            raise ConfigError(f"--announce {item!r}: give hosts only; the ports are --port (data plane) and "
+                              "--dht-port (DHT)")
+    return items

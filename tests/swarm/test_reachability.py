@@ -1,0 +1,141 @@
+"""The reachability preflight, who may be dialled, and what a plan may use (loopback; no DHT)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from geotrain.cli.status import problems, reachability_word
+from geotrain.errors import ConfigError
+from geotrain.peers.probe import serve_probes
+from geotrain.peers.reachability import (
+    Reachability,
+    ReachabilityConfig,
+    helpers_for,
+    may_dial,
+    plannable_peers,
+    preflight,
+)
+from geotrain.swarm import SwarmConfig
+from geotrain.swarm.records import DIAL_BACK, PeerRecord
+from geotrain.transport import Transport, TransportConfig
+from geotrain.transport.addresses import parse_host_list
+
+
+@pytest.fixture
+def started() -> Iterator[list[Transport]]:
+    out: list[Transport] = []
+    yield out
+    for t in out:
+        t.close()
+
+
+def _start(started: list[Transport], config: TransportConfig, peer_id: str) -> Transport:
+    t = Transport(config, peer_id=peer_id).start()
+    started.append(t)
+    return t
+
+
+def _closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def rec(peer_id: str, **changes: object) -> PeerRecord:
+    now = time.time()
+    fields: dict[str, object] = dict(
+        peer_id=peer_id, region="eu", device="cpu", flops=1e9, memory_bytes=2**30, usd_per_hour=0.0,
+        endpoint="tcp://127.0.0.1:5555", version="0.1", started_at=now, heartbeat_at=now,
+    )  # fmt: skip
+    fields.update(changes)
+    return PeerRecord(**fields)  # type: ignore[arg-type]
+
+
+def test_a_dialled_back_peer_is_reachable(started: list[Transport]) -> None:
+    helper = _start(started, TransportConfig(), "helper")
+    serve_probes(helper)
+    me = _start(started, TransportConfig(), "me")
+    dht_port = _closed_port()
+    result = preflight(me, helpers=[("helper", helper.address, None)],
+                       dht_maddrs=[f"/ip4/127.0.0.1/tcp/{dht_port}/p2p/QmX"])
+    assert result.reachable is True and me.reachable is True
+    assert result.data_plane == {me.address: True}
+    assert result.dht == {f"tcp://127.0.0.1:{dht_port}": False}  # nothing listens there
+    assert result.checked_by == ("helper",) and result.seen_from == ("127.0.0.1",)
+    assert result.fix(dht_port=dht_port, data_port=1)  # the DHT port needs opening
+
+
+def test_an_announced_address_nothing_answers_at_is_unreachable(started: list[Transport]) -> None:
+    helper = _start(started, TransportConfig(), "helper")
+    serve_probes(helper)
+    me = _start(started, TransportConfig(announce=(f"127.0.0.1:{_closed_port()}",)), "me")
+    result = preflight(me, helpers=[("helper", helper.address, None)])
+    assert result.reachable is False and me.reachable is False
+    assert "--nat" in result.fix(dht_port=1, data_port=2)
+
+
+def test_a_private_address_the_request_does_not_come_from_is_never_dialled(started: list[Transport]) -> None:
+    helper = _start(started, TransportConfig(), "helper")
+    serve_probes(helper)
+    # a home peer announcing its LAN address: the helper sees the request come from 127.0.0.1 instead
+    me = _start(started, TransportConfig(announce=("192.168.77.5",)), "me")
+    result = preflight(me, helpers=[("helper", helper.address, None)])
+    assert result.reachable is False and result.seen_from == ("127.0.0.1",)
+    assert "--announce 127.0.0.1" in result.fix(dht_port=1, data_port=2)
+    assert not may_dial("192.168.77.5", "127.0.0.1") and not may_dial("10.1.2.3", None)
+    assert may_dial("10.1.2.3", "10.1.2.3") and may_dial("8.8.8.8", "10.1.2.3") and may_dial("10.0.0.1", "::ffff:10.0.0.1")
+    assert not may_dial("example.org", "10.1.2.3")
+
+
+def test_no_helper_means_unknown(started: list[Transport]) -> None:
+    me = _start(started, TransportConfig(), "me")
+    gone = _closed_port()
+    result = preflight(me, helpers=[("ghost", f"tcp://127.0.0.1:{gone}", None)],
+                       config=ReachabilityConfig(request_timeout_s=0.3))
+    assert result.reachable is None and me.reachable is None and result.fix(dht_port=1, data_port=2) == ""
+
+
+def test_helpers_are_dialable_peers_from_other_regions_first() -> None:
+    peers = {
+        "me": rec("me"),
+        "same": rec("same", region="eu", reachable=True),
+        "far": rec("far", region="us", reachable=True),
+        "nat": rec("nat", region="us", endpoint=DIAL_BACK, reachable=False),
+        "bad": rec("bad", region="us", reachable=False),
+    }
+    assert [r.peer_id for r in helpers_for(peers, me="me", region="eu", count=5)] == ["far", "same"]
+
+
+def test_plans_take_at_most_one_dial_out_peer_and_no_undialable_one() -> None:
+    peers = {
+        "a": rec("a", reachable=True),
+        "b": rec("b"),  # not checked yet: planned as before
+        "n1": rec("n1", endpoint=DIAL_BACK, reachable=False, flops=1e9),
+        "n2": rec("n2", endpoint=DIAL_BACK, reachable=False, flops=5e9),
+        "x": rec("x", reachable=False),  # nobody can dial it and it does not dial out
+    }
+    assert list(plannable_peers(peers)) == ["a", "b", "n2"]
+    rows = [{**r.to_wire(), "heartbeat_age_s": 0.0, "reachability": reachability_word(r)} for r in peers.values()]
+    assert [row["reachability"] for row in rows] == ["reachable", "unknown", "dial-out", "dial-out", "unreachable"]
+    found = problems(rows, [])
+    assert any("does not dial out" in p and "(eu)" in p for p in found)
+    assert any("2 peers are behind NAT" in p for p in found)
+
+
+def test_announce_flags_are_checked() -> None:
+    assert parse_host_list("203.0.113.1,[2001:db8::2]") == ("203.0.113.1", "[2001:db8::2]")
+    with pytest.raises(ConfigError, match="hosts only"):
+        parse_host_list("203.0.113.1:80")
+    with pytest.raises(ConfigError, match="--dht-port"):
+        SwarmConfig(announce=("203.0.113.1",))
+    cfg = SwarmConfig(host="0.0.0.0", port=4001, announce=("203.0.113.1", "[2001:db8::2]"))
+    assert cfg.announce_maddrs() == ["/ip4/203.0.113.1/tcp/4001", "/ip6/2001:db8::2/tcp/4001"]
+    wild = SwarmConfig(host="0.0.0.0", port=4001).announce_maddrs()
+    assert wild and not any("/0.0.0.0/" in m for m in wild) and all(m.endswith("/tcp/4001") for m in wild)
+    assert Reachability(reachable=None).dht_reachable is None
