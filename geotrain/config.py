@@ -5,10 +5,11 @@ maps onto one frozen dataclass below; :func:`load_job` checks unknown keys,
 types and cross-field rules, and each error names the field and the fix::
 
     [job]        name, seed
-    [model]      preset or explicit GPT shape, or loader = "module:function"
-    [data]       source = "stdlib" | "text" | "hf", path, max_bytes
+    [model]      preset or explicit GPT shape, hf_config / hf_pretrained (local Hugging Face model),
+                 or loader = "module:function"; seq_len, dtype, activation_checkpointing
+    [data]       source = "stdlib" | "text" | "jsonl" | "parquet" | "hf_disk", path, text_field, tokenizer
     [pipeline]   stages, pipelines ("auto" or a number), micro_batch_size, microbatches, schedule
-    [optimizer]  inner AdamW: lr, weight_decay, betas, grad_clip
+    [optimizer]  inner AdamW: lr, weight_decay, betas, grad_clip; warmup_steps, schedule, decay_steps
     [sync]       every (H), outer_lr, outer_momentum, nesterov, codec, fragments, overlap, mixing,
                  error_feedback, aggregation
     [codecs]     activation, activation_grad
@@ -16,7 +17,7 @@ types and cross-field rules, and each error names the field and the fix::
     [stop]       steps, tokens, wall_s, usd (first reached wins)
     [checkpoint] dir, every_rounds
     [swarm]      min_peers, wait_peers_s, hop_timeout_s, round_timeout_s, heartbeat_s
-    [report]     dir, eval_every, eval_batches
+    [report]     dir, eval_every, eval_batches, export
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ from typing import Any, Literal, Union
 from geotrain.errors import ConfigError
 from geotrain.files import read_structured
 
+#: inner steps a job runs when its [stop] section sets no condition
+DEFAULT_STEPS = 100
+
 
 @dataclass(frozen=True, kw_only=True)
 class JobSection:
@@ -44,6 +48,14 @@ class JobSection:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelSection:
+    """What to train: the reference GPT (``preset`` + overrides), a local Hugging Face causal LM
+    (``hf_config`` or ``hf_pretrained``) or a user model (``loader``).
+
+    ``vocab_size``, ``hf_config_json`` and ``weights_digest`` are filled when the job is resolved
+    (``geotrain run`` / ``geotrain check``): the tokenizer's vocabulary, the HF config itself (so a peer
+    needs no copy of it) and the SHA-256 of ``hf_pretrained``'s weights, which every peer checks.
+    """
+
     preset: str = "tiny"
     n_layer: int | None = None
     n_head: int | None = None
@@ -51,22 +63,60 @@ class ModelSection:
     seq_len: int | None = None
     tie_embeddings: bool | None = None
     loader: str | None = None  # "module:function" returning a geotrain BlockModel
+    hf_config: str | None = None  # a transformers config.json, or a directory holding one
+    hf_pretrained: str | None = None  # a save_pretrained directory: config.json + *.safetensors
+    dtype: Literal["fp32", "bf16"] = "fp32"  # compute dtype (bf16: autocast; master weights stay fp32)
+    activation_checkpointing: bool = False
+    vocab_size: int | None = None
+    hf_config_json: str | None = None
+    weights_digest: str | None = None
 
     def __post_init__(self) -> None:
+        errors = []
         if self.loader is not None and ":" not in self.loader:
-            raise ConfigError(f"model.loader must look like 'package.module:function'; got {self.loader!r}")
+            errors.append(f"model.loader must look like 'package.module:function'; got {self.loader!r}")
+        kinds = [k for k in ("loader", "hf_config", "hf_pretrained") if getattr(self, k) is not None]
+        if len(kinds) > 1:
+            errors.append(f"model: give one of loader, hf_config, hf_pretrained; got {', '.join(kinds)}")
+        if self.is_hf:
+            gpt_only = [k for k in ("n_layer", "n_head", "d_model", "tie_embeddings") if getattr(self, k) is not None]
+            if gpt_only:
+                errors.append(f"model.{gpt_only[0]} shapes the reference GPT only; a Hugging Face model takes its "
+                              "shape from its config.json (remove the key or edit the config)")
+            if self.seq_len is None:
+                errors.append("model.seq_len (the training context, in tokens) is required with "
+                              f"model.{kinds[0]}")
+        if self.vocab_size is not None and self.vocab_size < 2:
+            errors.append(f"model.vocab_size must be >= 2; got {self.vocab_size}")
+        if self.seq_len is not None and self.seq_len < 1:
+            errors.append(f"model.seq_len must be >= 1; got {self.seq_len}")
+        if errors:
+            raise ConfigError.many(errors)
 
-    def block_model(self, seed: int = 0) -> Any:
-        """The model as a geotrain BlockModel: the reference GPT, or the user's ``loader``."""
+    @property
+    def is_hf(self) -> bool:
+        return self.hf_config is not None or self.hf_pretrained is not None
+
+    def block_model(self, seed: int = 0, *, device: str = "cpu") -> Any:
+        """The model as a geotrain BlockModel: the reference GPT, a Hugging Face model, or the user's ``loader``.
+
+        ``device="meta"`` builds a Hugging Face model without weights (for profiles of big models).
+        """
         from geotrain.models import GPTModel, resolve_model
 
         if self.loader is not None:
             return resolve_model(self.loader, seed=seed)
+        if self.is_hf:
+            from geotrain.models.hf_job import hf_block_model
+
+            return hf_block_model(self, seed=seed, device=device)
         return GPTModel(self.gpt_config())
 
     @property
     def context(self) -> int:
-        """Tokens per sample: ``seq_len`` of the configured (or preset) GPT."""
+        """Tokens per sample: ``seq_len`` (given, or the preset GPT's)."""
+        if (self.is_hf or self.loader is not None) and self.seq_len is not None:
+            return int(self.seq_len)
         return int(self.gpt_config().seq_len)
 
     def gpt_config(self) -> Any:
@@ -74,7 +124,7 @@ class ModelSection:
 
         overrides = {
             k: getattr(self, k)
-            for k in ("n_layer", "n_head", "d_model", "seq_len", "tie_embeddings")
+            for k in ("n_layer", "n_head", "d_model", "seq_len", "tie_embeddings", "vocab_size")
             if getattr(self, k) is not None
         }
         return GPTConfig.preset(self.preset, **overrides)
@@ -82,15 +132,38 @@ class ModelSection:
 
 @dataclass(frozen=True, kw_only=True)
 class DataSection:
-    source: Literal["stdlib", "text", "hf"] = "stdlib"
+    """Where the text comes from and how it becomes tokens (docs/data.md).
+
+    ``tokenizer_digest`` and ``digest`` (the token cache's SHA-256) are filled when the job is resolved;
+    a peer whose tokenizer or tokens differ refuses to train.
+    """
+
+    source: Literal["stdlib", "text", "jsonl", "parquet", "hf_disk", "hf"] = "stdlib"
     path: str | None = None
+    text_field: str = "text"
+    tokenizer: str = "bytes"  # "bytes" | "PATH" (tokenizer.json or a model directory) | "bpe:N"
+    on_bad_text: Literal["skip", "error"] = "skip"
     max_bytes: int = 2 << 20
     val_fraction: float = 0.05
+    tokenizer_digest: str | None = None
+    digest: str | None = None
 
     def data_config(self) -> Any:
         from geotrain.data import DataConfig
 
-        return DataConfig(source=self.source, path=self.path, max_bytes=self.max_bytes, val_fraction=self.val_fraction)
+        return DataConfig(source=self.source, path=self.path, max_bytes=self.max_bytes, val_fraction=self.val_fraction,
+                          **self._text_options())
+
+    def _text_options(self) -> dict[str, Any]:
+        """The keys only the tokenizer-aware data layer knows (left out at their defaults, for older layers)."""
+        out: dict[str, Any] = {}
+        if self.text_field != "text":
+            out["text_field"] = self.text_field
+        if self.tokenizer != "bytes":
+            out["tokenizer"] = self.tokenizer
+        if self.on_bad_text != "skip":
+            out["on_bad_text"] = self.on_bad_text
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,15 +185,39 @@ class PipelineSection:
 
 @dataclass(frozen=True, kw_only=True)
 class OptimizerSection:
+    """The inner optimizer (AdamW) and its learning-rate schedule over the job's inner steps.
+
+    ``schedule``: "constant", or "cosine"/"linear" decay from ``lr`` to ``lr * min_lr_ratio`` at
+    ``decay_steps`` (default: ``stop.steps``), after ``warmup_steps`` of linear warm-up from 0.
+    """
+
     lr: float = 3e-3
     weight_decay: float = 0.01
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0
+    warmup_steps: int = 0
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    decay_steps: int | None = None
+    min_lr_ratio: float = 0.1
 
     def __post_init__(self) -> None:
+        errors = []
         if self.lr <= 0:
-            raise ConfigError(f"optimizer.lr must be > 0; got {self.lr}")
+            errors.append(f"optimizer.lr must be > 0; got {self.lr}")
+        if self.weight_decay < 0:
+            errors.append(f"optimizer.weight_decay must be >= 0; got {self.weight_decay}")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                errors.append(f"optimizer.{name} must be in [0, 1); got {getattr(self, name)}")
+        if self.warmup_steps < 0:
+            errors.append(f"optimizer.warmup_steps must be >= 0; got {self.warmup_steps}")
+        if self.decay_steps is not None and self.decay_steps < 1:
+            errors.append(f"optimizer.decay_steps must be >= 1; got {self.decay_steps}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            errors.append(f"optimizer.min_lr_ratio must be in [0, 1]; got {self.min_lr_ratio}")
+        if errors:
+            raise ConfigError.many(errors)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,14 +269,21 @@ class ObjectiveSection:
 
 @dataclass(frozen=True, kw_only=True)
 class StopSection:
-    steps: int | None = 100
+    """When the job ends: the first condition reached wins. Only conditions the user set apply; with
+    none set at all the job stops after :data:`DEFAULT_STEPS` inner steps."""
+
+    steps: int | None = None
     tokens: int | None = None
     wall_s: float | None = None
     usd: float | None = None
 
     def __post_init__(self) -> None:
         if all(v is None for v in (self.steps, self.tokens, self.wall_s, self.usd)):
-            raise ConfigError("stop needs at least one of steps, tokens, wall_s, usd")
+            object.__setattr__(self, "steps", DEFAULT_STEPS)
+        for name in ("steps", "tokens", "wall_s", "usd"):
+            v = getattr(self, name)
+            if v is not None and v <= 0:
+                raise ConfigError(f"stop.{name} must be > 0; got {v}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -206,6 +310,7 @@ class ReportSection:
     dir: str = "runs"
     eval_every: int = 0  # > 0: validation loss of the global model every this many steps (0 = start and end only)
     eval_batches: int = 4
+    export: bool = False  # write the final model as a Hugging Face directory into <report dir>/export
 
     def __post_init__(self) -> None:
         if self.eval_every < 0 or self.eval_batches < 1:
@@ -232,6 +337,7 @@ class JobSpec:
     def __post_init__(self) -> None:
         from geotrain.compression import get_codec
 
+        errors: list[str] = []
         for where, spec in (
             ("sync.codec", self.sync.codec),
             ("sync.intra_codec", self.sync.intra_codec),
@@ -241,15 +347,32 @@ class JobSpec:
             try:
                 get_codec(spec)
             except ValueError as e:
-                raise ConfigError(f"{where}: {e}") from None
-        self.data.data_config()  # validates source/path/sizes
-        if self.model.loader is None:
-            cfg = self.model.gpt_config()
-            if isinstance(self.pipeline.stages, int) and self.pipeline.stages > cfg.num_blocks:
-                raise ConfigError(
-                    f"pipeline.stages = {self.pipeline.stages} but the model has only {cfg.num_blocks} blocks "
-                    f"(embedding + {cfg.n_layer} layers + head); use at most {cfg.num_blocks} stages"
-                )
+                errors.append(f"{where}: {e}")
+        try:
+            self.data.data_config()  # validates source/path/sizes
+        except ConfigError as e:
+            errors.extend(e.errors)
+        if self.model.loader is None and not self.model.is_hf:
+            try:
+                cfg = self.model.gpt_config()
+            except ConfigError as e:
+                errors.extend(e.errors)
+            else:
+                if isinstance(self.pipeline.stages, int) and self.pipeline.stages > cfg.num_blocks:
+                    errors.append(
+                        f"pipeline.stages = {self.pipeline.stages} but the model has only {cfg.num_blocks} blocks "
+                        f"(embedding + {cfg.n_layer} layers + head); use at most {cfg.num_blocks} stages"
+                    )
+        if self.optimizer.schedule != "constant" and self.optimizer.decay_steps is None and self.stop.steps is None:
+            errors.append(f"optimizer.schedule = {self.optimizer.schedule!r} decays over optimizer.decay_steps; "
+                          "set it (or stop.steps), since a job stopped by tokens, time or money has no step count")
+        if errors:
+            raise ConfigError.many(errors)
+
+    @property
+    def decay_steps(self) -> int | None:
+        """Inner steps over which the learning rate decays (``optimizer.decay_steps``, else ``stop.steps``)."""
+        return self.optimizer.decay_steps if self.optimizer.decay_steps is not None else self.stop.steps
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -303,33 +426,74 @@ def _describe(hint: Any) -> str:
 
 
 def _section(cls: type[Any], data: Any, where: str) -> Any:
+    """Build one section; every problem of it (unknown keys, wrong types, its own checks) in one ConfigError."""
     if not isinstance(data, dict):
         raise ConfigError(f"[{where}] must be a table")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ConfigError(f"unknown key {where}.{unknown[0]}; known keys of [{where}]: {', '.join(sorted(names))}")
-    kwargs = {k: _check(v, hints[k], f"{where}.{k}") for k, v in data.items()}
+    errors = [
+        f"unknown key {where}.{k}; known keys of [{where}]: {', '.join(sorted(names))}"
+        for k in sorted(set(data) - names)
+    ]
+    kwargs = {}
+    for k, v in data.items():
+        if k not in names:
+            continue
+        try:
+            kwargs[k] = _check(v, hints[k], f"{where}.{k}")
+        except ConfigError as e:
+            errors.extend(e.errors)
+    if errors:
+        raise ConfigError.many(errors)
     return cls(**kwargs)
 
 
 def job_from_dict(data: dict[str, Any]) -> JobSpec:
-    """Validate a parsed job (TOML or the DHT's JSON copy) into a :class:`JobSpec`."""
+    """Validate a parsed job (TOML or the DHT's JSON copy) into a :class:`JobSpec`.
+
+    Every problem of the file is reported at once (``ConfigError.errors``), not one per try.
+    """
     if not isinstance(data, dict):
         raise ConfigError("a job must be a table of sections")
     hints = typing.get_type_hints(JobSpec)
-    unknown = sorted(set(data) - set(hints))
-    if unknown:
-        raise ConfigError(f"unknown section [{unknown[0]}]; known sections: {', '.join(hints)}")
-    return JobSpec(**{name: _section(hints[name], value, name) for name, value in data.items()})
+    errors = [f"unknown section [{name}]; known sections: {', '.join(hints)}" for name in sorted(set(data) - set(hints))]
+    sections: dict[str, Any] = {}
+    for name, value in data.items():
+        if name not in hints:
+            continue
+        try:
+            sections[name] = _section(hints[name], value, name)
+        except ConfigError as e:
+            errors.extend(e.errors)
+    if errors:
+        raise ConfigError.many(errors)
+    return JobSpec(**sections)
+
+
+#: job-file keys that name files: a relative path is taken relative to the job file's directory
+PATH_KEYS = (("model", "hf_config"), ("model", "hf_pretrained"), ("data", "path"), ("data", "tokenizer"))
+
+
+def _anchor_paths(data: dict[str, Any], base: Path) -> None:
+    for section, key in PATH_KEYS:
+        table = data.get(section)
+        if not isinstance(table, dict):
+            continue
+        value = table.get(key)
+        if not isinstance(value, str) or value == "bytes" or value.startswith("bpe:") or Path(value).is_absolute():
+            continue
+        if section == "data" and key == "path" and table.get("source", "stdlib") == "hf" and not (base / value).exists():
+            continue  # a datasets name, not a path
+        table[key] = str((base / value).resolve())
 
 
 def load_job(path: str | Path) -> JobSpec:
-    """Read and validate a TOML job file."""
+    """Read and validate a TOML job file. Relative paths in it (``PATH_KEYS``) are relative to its directory."""
     p = Path(path)
     data = read_structured(p, what="job file", fmt="toml")
+    if isinstance(data, dict):
+        _anchor_paths(data, p.resolve().parent)
     try:
         return job_from_dict(data)
     except ConfigError as e:
-        raise ConfigError(f"{p}: {e}") from None
+        raise ConfigError.many([f"{p}: {m}" for m in e.errors]) from None

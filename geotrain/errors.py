@@ -42,7 +42,22 @@ class GeotrainError(Exception):
 
 # -- configuration and planning ---------------------------------------------------------------
 class ConfigError(GeotrainError, ValueError):
-    """A config value is wrong; the message names the field and the fix."""
+    """A config value is wrong; the message names the field and the fix.
+
+    One error may carry several (``errors``: every problem of a job file at once, one per line).
+    """
+
+    def __init__(self, message: str = "", *, errors: tuple[str, ...] | None = None) -> None:
+        super().__init__(message)
+        self.errors: tuple[str, ...] = errors if errors is not None else (message,)
+
+    @classmethod
+    def many(cls, errors: list[str] | tuple[str, ...]) -> ConfigError:
+        """One error for all of ``errors`` (its message lists them, one per line, when there are several)."""
+        errs = tuple(errors)
+        if len(errs) == 1:
+            return cls(errs[0])
+        return cls(f"{len(errs)} problems:\n" + "\n".join(f"  - {e}" for e in errs), errors=errs)
 
 
 class ScenarioError(ConfigError):

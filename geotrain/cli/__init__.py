@@ -22,7 +22,7 @@ from geotrain import __version__
 from geotrain.errors import GeotrainError
 
 # Order is the order shown in --help.
-COMMANDS = ("demo", "run", "peer", "dht", "status", "plan", "simulate", "emulate", "keygen")
+COMMANDS = ("demo", "run", "check", "export", "peer", "dht", "status", "plan", "simulate", "emulate", "keygen")
 
 
 def build_parser() -> argparse.ArgumentParser:

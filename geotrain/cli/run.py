@@ -28,6 +28,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--identity", default=None, help="key file; reuse it to reattach after a restart")
     p.add_argument("--report-dir", default=None, help="where report.json and plots go (default runs/<job id>)")
     p.add_argument("--host", default="127.0.0.1", help="address for the DHT and data plane")
+    p.add_argument("--port", type=int, default=0, help="data-plane port (default 0: any free port)")
+    p.add_argument("--dht-port", type=int, default=0, help="DHT (libp2p) port (default 0: any free port)")
+    p.add_argument("--announce", default=None, metavar="HOST[,HOST...]",
+                   help="addresses peers dial to reach the coordinator (data plane and DHT), e.g. a public IP")
+    p.add_argument("--nat", action="store_true",
+                   help="this machine accepts no inbound connections: DHT client mode, dial-out data plane")
     p.add_argument("--swarm", default="geotrain", help="swarm name (DHT key prefix)")
     p.add_argument("--egress", type=float, default=0.02, metavar="USD_PER_GB", help="egress price between regions")
     p.add_argument("--swarm-key", default=None, metavar="FILE", help="swarm key of a closed swarm (geotrain keygen)")
@@ -54,6 +60,10 @@ def run_coordinator(
     job: Any = None,
     resume: str | Path | None = None,
     swarm_key: str | Path | None = None,
+    port: int = 0,
+    dht_port: int = 0,
+    announce: str | None = None,
+    nat: bool = False,
 ) -> dict[str, Any]:
     """Run one job to its end and return the report (used by ``geotrain run`` and ``geotrain demo``)."""
     from geotrain.config import load_job
@@ -64,20 +74,31 @@ def run_coordinator(
 
     if job is None and job_path is None:
         raise ValueError("run_coordinator needs a job file path or a JobSpec")
+    from geotrain.coordinator.prepare import prepare_job
+
     spec = job if job is not None else load_job(job_path)  # type: ignore[arg-type]
+    # every check `geotrain check` makes, before anything is published; peers get the resolved job
+    spec = prepare_job(spec).job
     if resume is not None:
         spec = dataclasses.replace(spec, checkpoint=dataclasses.replace(spec.checkpoint, dir=str(resume)))
     job_id = job_id or f"{spec.job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     out = Path(report_dir) if report_dir else Path(spec.report.dir) / job_id
     identity = Identity.load_or_create(identity_path) if identity_path else None
-    config = SwarmConfig(initial_peers=tuple(initial_peers), host=host, swarm=swarm_name)
+    from geotrain.transport.addresses import parse_host_list
+
+    hosts = parse_host_list(announce)
+    config = SwarmConfig(initial_peers=tuple(initial_peers), host=host, swarm=swarm_name, port=dht_port,
+                         announce=hosts, client_mode=nat, use_auto_relay=nat)
     from geotrain.cli.peer import load_admission
 
     admission = load_admission(str(swarm_key) if swarm_key else None)
     with Swarm(config, identity=identity, admission=admission) as swarm:
         curve = admission.curve_config() if admission is not None else None
-        transport = Transport(TransportConfig(host=host, curve=curve), peer_id=swarm.peer_id,
-                              region="coordinator").start()
+        transport = Transport(TransportConfig(host=host, port=port, curve=curve, announce=hosts, dial_out=nat),
+                              peer_id=swarm.peer_id, region="coordinator").start()
+        from geotrain.peers.reachability import serve_dialback
+
+        serve_dialback(transport)  # joining peers may ask the coordinator to check their reachability
         try:
             coord = Coordinator(
                 CoordinatorConfig(job_id=job_id, report_dir=out, resume=resume is not None,
@@ -111,7 +132,8 @@ def _run(args: argparse.Namespace) -> int:
     kwargs: dict[str, Any] = dict(
         initial_peers=args.initial_peers, job_id=args.job_id, identity_path=args.identity,
         report_dir=args.report_dir, host=args.host, swarm_name=args.swarm, egress_usd_per_gb=args.egress, stop=stop,
-        resume=args.resume, swarm_key=args.swarm_key,
+        resume=args.resume, swarm_key=args.swarm_key, port=args.port, dht_port=args.dht_port,
+        announce=args.announce, nat=args.nat,
     )
     metrics = None
     if args.metrics_port is not None:

@@ -480,6 +480,19 @@ class Coordinator:
                     out[key] = out.get(key, 0.0) + v
         return out
 
+    def _write_model(self, state: Any) -> None:
+        """The final global model into the run directory (``geotrain export`` reads it), exported when asked."""
+        from geotrain.coordinator.artifacts import export_run, write_run_model
+
+        try:
+            path = write_run_model(self.config.report_dir, self.job, state)
+            self._event("model", path=str(path), step=state.step, round=state.round)
+            if self.job.report.export:
+                out = export_run(self.config.report_dir, self.config.report_dir / "export")
+                self._event("export", path=str(out))
+        except (GeotrainError, OSError) as e:
+            self._event("error", message=f"writing the final model failed: {e}")
+
     def finish(self) -> dict[str, Any]:
         r = self._run
         wall = self._t()
@@ -487,11 +500,18 @@ class Coordinator:
         if self.config.evaluate and self.plan is not None and self.transport is not None:
             from geotrain.coordinator.evaluate import evaluate_plan
 
+            final: list[Any] = []
             try:
-                rows = evaluate_plan(self.job, self.plan, self.transport, t_s=round(wall, 3), tokens=tokens)
-                r.validation = [rows[0], *r.validation, *rows[1:]]
+                rows = evaluate_plan(self.job, self.plan, self.transport, t_s=round(wall, 3), tokens=tokens,
+                                     keep=final)
+                # the final global model was evaluated already when the stop step was an eval step: once is enough
+                periodic = [v for v in r.validation
+                            if all((v["step"], v["round"]) != (f["step"], f["round"]) for f in rows[1:])]
+                r.validation = [rows[0], *periodic, *rows[1:]]
             except GeotrainError as e:
                 self._event("error", message=f"final evaluation failed: {e}")
+            if final:
+                self._write_model(final[0])
         pairs = self._bytes_by_region_pair()
         cross = sum(v for k, v in pairs.items() if k.split("->")[0] != k.split("->")[1])
         usd = self._usd()

@@ -67,12 +67,19 @@ def fetch_global(job: JobSpec, plan: JobPlan, transport: Transport, *, timeout: 
     return state
 
 
-def evaluate_plan(job: JobSpec, plan: JobPlan, transport: Transport, *, t_s: float, tokens: int) -> list[dict[str, Any]]:
-    """Validation rows for the report: the seeded initial model and the final global model."""
+def evaluate_plan(
+    job: JobSpec, plan: JobPlan, transport: Transport, *, t_s: float, tokens: int, keep: list[StageState] | None = None
+) -> list[dict[str, Any]]:
+    """Validation rows for the report: the seeded initial model and the final global model.
+
+    ``keep``: the final global state fetched is appended to it (the run directory's model is written from it).
+    """
     rows: list[dict[str, Any]] = [
         {"t_s": 0.0, "step": 0, "round": 0, "tokens": 0, "loss": validation_loss(job), "source": "init"}
     ]
     state = fetch_global(job, plan, transport, timeout=job.swarm.round_timeout_s)
+    if keep is not None:
+        keep.append(state)
     rows.append(
         {
             "t_s": t_s,

@@ -23,6 +23,7 @@ class LiveView:
         self._plan: dict[str, Any] = {}
         self._regions: dict[str, str] = {}
         self._lines: list[str] = []
+        self._last_validation: tuple[int, int] | None = None
         self._started = time.time()
 
     def __enter__(self) -> LiveView:
@@ -44,14 +45,16 @@ class LiveView:
             self._log(f"[green]join[/] {event['peer_id'][:12]} in {event.get('region')} ({event.get('device', '')[:40]})")
         elif kind in ("plan", "replan"):
             self._plan = event
+            # two short lines rather than one that a narrow terminal wraps mid-figure
             self._log(
                 f"[cyan]{kind}[/] v{event['version']} ({event.get('reason')}): {event.get('pipelines')} pipelines x "
-                f"{event.get('stages')} stages, {event.get('spares', 0)} spares, "
-                f"predicted {event.get('predicted_tokens_per_s') or 0:.0f} tokens/s"
+                f"{event.get('stages')} stages, {event.get('spares', 0)} spares"
             )
+            self._log(f"      predicted {event.get('predicted_tokens_per_s') or 0:,.0f} tokens/s")
             for i, line in enumerate(event.get("layout", [])):
                 self._log(f"      pipeline {i}: {line}")
-        elif kind == "validation":
+        elif kind == "validation" and (event["step"], event["round"]) != self._last_validation:
+            self._last_validation = (event["step"], event["round"])
             self._log(f"[magenta]validation[/] global model at step {event['step']} (round {event['round']}): "
                       f"loss {event['loss']:.3f}")
         elif kind == "death":

@@ -37,8 +37,6 @@ def scenario_dict(
     egress_usd_per_gb: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """The planner scenario for ``job`` on the live ``peers`` with their measured ``links``."""
-    from geotrain.models.profile import layer_profile
-
     prices = dict(egress_usd_per_gb or {})
     regions = {p.region: {"egress_usd_per_gb": egress_price(prices, p.region)} for p in peers.values()}
 
@@ -80,9 +78,17 @@ def scenario_dict(
         }
         for p in sorted(peers.values(), key=lambda r: r.peer_id)
     ]
+    return {"regions": regions, "links": link_list, "peers": peer_list, **job_scenario(job)}
+
+
+def job_scenario(job: JobSpec) -> dict[str, Any]:
+    """The ``model`` and ``job`` parts of a planner scenario for ``job`` (its real per-layer profile on the
+    meta device, its dtype, its pipeline and sync settings); ``geotrain check --scenario`` plans with them too."""
     import torch
 
-    model = job.model.block_model(job.job.seed)
+    from geotrain.models.profile import layer_profile
+
+    model = job.model.block_model(job.job.seed, device="meta")
     sample = torch.zeros(1, job.model.context, dtype=torch.long)
     profile = [
         {
@@ -94,10 +100,7 @@ def scenario_dict(
     ]
     pipe = job.pipeline
     return {
-        "regions": regions,
-        "links": link_list,
-        "peers": peer_list,
-        "model": {"profile": profile, "seq_len": job.model.context, "dtype_bytes": 4,
+        "model": {"profile": profile, "seq_len": job.model.context, "dtype_bytes": 2 if job.model.dtype == "bf16" else 4,
                   "tied_param_bytes": _tied_param_bytes(job)},
         "job": {
             "micro_batch": pipe.micro_batch_size,
@@ -119,6 +122,14 @@ def _tied_param_bytes(job: JobSpec) -> int:
     """Bytes of weights tied across the first and last stage (their gradients are swapped every step)."""
     if job.model.loader is not None:
         return 0  # a user model's tied groups are not sized here; the planner leaves that traffic out
+    if job.model.is_hf:
+        model = job.model.block_model(job.job.seed, device="meta")
+        total = 0
+        for group in model.tied_groups:
+            block, name = group.members[0]
+            p = dict(model.build_block(block, job.job.seed).named_parameters()).get(name)
+            total += p.numel() * 4 if p is not None else 0  # fp32 gradients are swapped
+        return total
     cfg = job.model.gpt_config()
     return int(cfg.vocab_size * cfg.d_model * 4) if cfg.tie_embeddings else 0
 

@@ -29,6 +29,7 @@ from geotrain.errors import StateTransferError
 from geotrain.models import build_stage
 from geotrain.peers.state import StageState, block_of, fetch_state
 from geotrain.pipeline import StageConfig, StageRuntime
+from geotrain.pipeline.lr import LRSchedule
 from geotrain.plan import JobPlan, SyncGroup
 from geotrain.swarm.records import LinkMeasurement
 from geotrain.sync import DiLoCoConfig, DiLoCoSync, Member, StaticMembership
@@ -40,12 +41,17 @@ _datasets: dict[Any, Any] = {}
 
 
 def dataset_for(job: JobSpec) -> Any:
-    """The job's dataset, loaded once per process (every stage of this peer shares it)."""
+    """The job's dataset, loaded once per process (every stage of this peer shares it), checked against the
+    resolved job's tokenizer and token digests (:func:`~geotrain.coordinator.prepare.check_peer_data`)."""
+    from geotrain.coordinator.prepare import check_peer_data
     from geotrain.data import build_dataset
 
     key = job.data
     if key not in _datasets:
-        _datasets[key] = build_dataset(job.data.data_config())
+        ds = build_dataset(job.data.data_config())
+        check_peer_data(job, ds)
+        _datasets.clear()  # one job at a time: a new job's data replaces the last one's
+        _datasets[key] = ds
     return _datasets[key]
 
 
@@ -88,13 +94,14 @@ class StageWorker:
             self._load_global(state)
         self.round = state.round if state is not None else 0
 
-        ds = dataset_for(job)
+        ds = dataset_for(job) if s == 0 or s + 1 == len(pipe) else None  # only the ends read data
         pcfg = job.pipeline
         num_pipes = len(plan.pipelines)
         seq_len = job.model.context
         batch = pcfg.micro_batch_size * pcfg.microbatches
 
         def data(step: int) -> torch.Tensor:
+            assert ds is not None
             b = ds.get_batch(step, batch_size=batch, seq_len=seq_len, seed=seed, shard=p, num_shards=num_pipes)
             return b.to(self.device, non_blocking=True)  # (B, T + 1)
 
@@ -116,6 +123,9 @@ class StageWorker:
                 lr=opt.lr,
                 weight_decay=opt.weight_decay,
                 betas=(opt.beta1, opt.beta2),
+                lr_schedule=LRSchedule(lr=opt.lr, warmup_steps=opt.warmup_steps, kind=opt.schedule,
+                                       decay_steps=job.decay_steps, min_lr_ratio=opt.min_lr_ratio),
+                compute_dtype=job.model.dtype,
             ),
             stage=self.stage,
             transport=transport,

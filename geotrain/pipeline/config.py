@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from geotrain.errors import ConfigError
+from geotrain.pipeline.lr import LRSchedule
 
 __all__ = ["StageConfig"]
 
@@ -40,6 +41,8 @@ class StageConfig:
     lr: float = 3e-4
     weight_decay: float = 0.1
     betas: tuple[float, float] = (0.9, 0.95)
+    lr_schedule: LRSchedule | None = None
+    compute_dtype: Literal["fp32", "bf16"] = "fp32"
 
     def __post_init__(self) -> None:
         if not self.job:
@@ -58,6 +61,8 @@ class StageConfig:
             raise ConfigError(f"pipeline.hop_timeout_s must be > 0; got {self.hop_timeout_s}")
         if self.send_queue < 1:
             raise ConfigError(f"pipeline.send_queue must be >= 1; got {self.send_queue}")
+        if self.compute_dtype not in ("fp32", "bf16"):
+            raise ConfigError(f"model.dtype must be 'fp32' or 'bf16'; got {self.compute_dtype!r}")
         if self.lr <= 0 or self.weight_decay < 0:
             raise ConfigError("pipeline.lr must be > 0 and pipeline.weight_decay >= 0")
 

@@ -150,6 +150,11 @@ class StageRuntime:
         loss, compute_s, tokens = self.forward_backward(step)
         self.sync_tied_grads(step)
         t1 = time.perf_counter()
+        schedule = self.config.lr_schedule
+        if schedule is not None:
+            rate = schedule.at(step)
+            for group in self.optimizer.param_groups:
+                group["lr"] = rate
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         optimizer_s = time.perf_counter() - t1
@@ -216,7 +221,8 @@ class StageRuntime:
             else:
                 assert self.prev_peer is not None
                 x = self._recv("pp.eval", self.prev_peer, eval_id, (i,), "validation activations")["x"]
-            out = self.stage(x)
+            with self._autocast():
+                out = self.stage(x)
             if c.is_last:
                 if c.targets_from_first and not c.is_first:
                     assert self.end_peer is not None
@@ -236,6 +242,11 @@ class StageRuntime:
             hop.close()
 
     # -- internals --------------------------------------------------------------------------------
+    def _autocast(self) -> Any:
+        """bf16 autocast on this stage's device when the job computes in bf16 (a no-op context otherwise)."""
+        enabled = self.config.compute_dtype == "bf16"
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=enabled)
+
     def _begin(self, step: int) -> None:
         p = self.config.pipeline
         for kind in KINDS:
@@ -277,9 +288,10 @@ class StageRuntime:
             if op == "F":
                 x = inputs[i] if c.is_first else self._recv_act(step, i)
                 t0 = time.perf_counter()
-                out = self.stage(x)
-                if c.is_last:
-                    loss = self.stage.loss(out, targets[i])
+                with self._autocast():
+                    out = self.stage(x)
+                    loss = self.stage.loss(out, targets[i]) if c.is_last else None
+                if loss is not None:
                     loss_sum += float(loss.detach())
                     held_out[i] = loss / m
                 else:
