@@ -1,6 +1,7 @@
 """``geotrain dht``: run a bootstrap DHT node for a swarm.
 
-Prints one JSON line ``{"event": "ready", "peer_id": ..., "maddrs": [...]}`` and
+Prints one JSON line ``{"event": "ready", "peer_id": ..., "maddrs": [...]}`` (what
+other machines dial: ``--announce``, else the listening address, never 0.0.0.0) and
 serves until SIGINT/SIGTERM, then shuts the node (and its ``p2pd``) down and
 exits 0. Any hivemind DHT node works as a bootstrap too; this one also runs
 geotrain's validators, so it refuses malformed, forged or pinned records.
@@ -32,12 +33,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--initial-peers", nargs="*", default=[], metavar="MADDR", help="other bootstrap nodes to join"
     )
     p.add_argument("--swarm", default="geotrain", help="swarm name (DHT key prefix); default geotrain")
+    p.add_argument("--announce", default=None, metavar="HOST[,HOST...]",
+                   help="addresses other machines dial (e.g. a cloud VM's public IP); needs a fixed --port. "
+                        "Default: --host, or this machine's addresses when --host is 0.0.0.0")
     p.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     from geotrain.peers.identity import Identity
     from geotrain.swarm import Swarm, SwarmConfig
+    from geotrain.transport.addresses import parse_host_list
 
     stop = threading.Event()
 
@@ -47,7 +52,8 @@ def _run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     config = SwarmConfig(
-        initial_peers=tuple(args.initial_peers), host=args.host, port=args.port, swarm=args.swarm
+        initial_peers=tuple(args.initial_peers), host=args.host, port=args.port, swarm=args.swarm,
+        announce=parse_host_list(args.announce),
     )
     identity = Identity.load_or_create(args.identity) if args.identity else None
     with Swarm(config, identity=identity) as swarm:

@@ -108,8 +108,8 @@ class SwarmConfig:
         parse_announce(",".join(self.announce))  # refuses unspecified and malformed items
         if self.port == 0 and any(announce_host_port(a, 0)[1] == 0 for a in self.announce):
             raise ConfigError(
-                "an announced DHT address must name its port: give --dht-port (the port others dial, "
-                "also what your firewall must open) or HOST:PORT in --announce"
+                "an announced DHT address must name its port: give a fixed DHT port (--dht-port; --port for "
+                "geotrain dht), the port others dial and your firewall must open"
             )
         for name in (
             "heartbeat_s",
