@@ -70,19 +70,26 @@ def _render(sc: Any, result: Any) -> None:
 
     console = Console()
     pred = result.predicted
-    t = Table(title=f"plan ({result.method} search, objective {json.dumps(result.objective.to_json())}, "
+    source = "" if result.chosen_from == "search" else f", taken from the {result.chosen_from} baseline"
+    t = Table(title=f"plan ({result.method} search{source}, objective {json.dumps(result.objective.to_json())}, "
                     f"{result.solve_s:.2f} s)")
-    for col in ("pipeline", "stage", "peer", "region", "layers", "utilisation"):
+    for col in ("pipeline", "stage", "peer", "region", "layers [start, end)", "memory GB (need / has)",
+                "utilisation"):
         t.add_column(col)
+    memory = result.to_json()["stage_memory_gb"]
     for pi, pipe in enumerate(result.pipelines):
         for si, st in enumerate(pipe):
-            t.add_row(str(pi), str(si), st.peer, sc.peer(st.peer).region, f"{st.layers[0]}..{st.layers[1] - 1}",
-                      f"{pred.utilisation.get(st.peer, 0.0):.0%}")
+            mem = memory[pi][si]
+            t.add_row(str(pi), str(si), st.peer, sc.peer(st.peer).region, f"[{st.layers[0]}, {st.layers[1]})",
+                      f"{mem['need']:.1f} / {mem['have']:g}", f"{pred.utilisation.get(st.peer, 0.0):.0%}")
     console.print(t)
-    if result.spares:
-        console.print(f"spares: {', '.join(result.spares)}")
+    for q in result.spares:
+        console.print(f"spare {q}: {result.spare_reasons.get(q, '')}")
     console.print(f"bottleneck: {pred.bottleneck}; 1F1B step {pred.pipeline_step_s:.3f} s, "
-                  f"round sync {pred.round_sync_s:.3f} s ({pred.exposed_sync_s:.3f} s not hidden)")
+                  f"round sync {pred.round_sync_s:.3f} s ({pred.exposed_sync_s:.3f} s not hidden), "
+                  f"a round every {pred.step_s * result.sync_every:.1f} s")
+    for note in result.notes:
+        console.print(f"note: {note}")
     pairs = Table(title="bytes per inner step by region pair (sender -> receiver)")
     pairs.add_column("from")
     pairs.add_column("to")
@@ -103,3 +110,5 @@ def _render(sc: Any, result: Any) -> None:
         figures.add_row(name, f"{p.tokens_per_s:,.0f}", f"{p.usd_per_hour:.2f}", mtok, f"{p.step_s:.3f}",
                         _fmt_bytes(p.cross_region_bytes_per_step))
     console.print(figures)
+    for name, why in result.baseline_reasons.items():
+        console.print(f"{name} infeasible: {why}")

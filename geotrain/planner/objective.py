@@ -7,7 +7,9 @@ An *objective* is one of:
   10x the tokens/s is worth 2% of the price per token (2x: 0.6%), so a flat
   price curve scales out instead of halving speed to save a rounding error;
 - ``{"max_usd_per_hour": X}``: most tokens/s while the swarm costs at most X USD/hour;
-- ``{"min_tokens_per_s": Y}``: lowest USD per 1M tokens while making at least Y tokens/s.
+- ``{"min_tokens_per_s": Y}``: the cheapest plan (lowest USD/hour) making at least Y tokens/s; of
+  plans at the same price per hour the faster wins. (Per 1M tokens, a swarm that scales linearly
+  costs the same at any size, so that measure could not tell 8 peers that meet the bound from 16.)
 
 :meth:`Objective.score` turns a prediction into one number to minimise, with
 a constraint violation dominating everything else, so every search (exact,
@@ -101,10 +103,16 @@ class Objective:
         return 0.0
 
     def score(self, p: _Figures) -> float:
-        """Lower is better. Maximising kinds use -tokens/s; the cost kinds use USD per 1M tokens."""
+        """Lower is better: -tokens/s (throughput, max_usd_per_hour), USD per 1M tokens (cost), USD/hour
+        (min_tokens_per_s)."""
         penalty = _PENALTY * (1.0 + self.violation(p)) if self.violation(p) > 0 else 0.0
         if self.kind in ("throughput", "max_usd_per_hour"):
             # tiny tie-break on price so equal-speed plans prefer the cheaper one
             return penalty - p.tokens_per_s + 1e-9 * p.usd_per_mtok
-        # near-equal price per token: the faster plan finishes sooner (see COST_SPEED_TRADE)
-        return penalty + p.usd_per_mtok * (1.0 - COST_SPEED_TRADE * math.log10(max(p.tokens_per_s, 1.0)))
+        if self.kind == "min_tokens_per_s":
+            # the bill per hour, given the speed asked for; ties go to the faster plan
+            return penalty + p.usd_per_hour - 1e-12 * p.tokens_per_s
+        # near-equal price per token: the faster plan finishes sooner (see COST_SPEED_TRADE); free plans
+        # (0 USD per token) would all tie at 0, so a vanishing term makes the fastest of them win
+        return (penalty + p.usd_per_mtok * (1.0 - COST_SPEED_TRADE * math.log10(max(p.tokens_per_s, 1.0)))
+                - 1e-12 * p.tokens_per_s)

@@ -19,7 +19,7 @@ from geotrain.planner import baselines as bl
 from geotrain.planner.costmodel import CostModel, Prediction, StageAssignment
 from geotrain.planner.objective import Objective
 from geotrain.planner.scenario import Scenario
-from geotrain.planner.search import Candidate, Scorer, exhaustive, exhaustive_size, heuristic
+from geotrain.planner.search import Candidate, Scorer, can_hold, exhaustive, exhaustive_size, heuristic
 
 logger = logging.getLogger(__name__)
 
@@ -40,17 +40,50 @@ class PlanResult:
     baseline_solve_s: dict[str, float] = field(default_factory=dict)
     solve_cpu_s: float = 0.0  # CPU seconds of this process (wall time misleads on a shared machine)
     baseline_cpu_s: dict[str, float] = field(default_factory=dict)
+    # why each spare is left out, by peer id; why each infeasible baseline found nothing, by name
+    spare_reasons: dict[str, str] = field(default_factory=dict)
+    baseline_reasons: dict[str, str] = field(default_factory=dict)
+    # which search produced the plan: the method's own answer ("search") or a baseline's, when one of
+    # them scored better (the plan is the best candidate anything evaluated)
+    chosen_from: str = "search"
+    notes: tuple[str, ...] = ()  # hints about the answer, e.g. why a cost plan is degenerate
+    stage_memory: tuple[tuple[float, ...], ...] = ()  # bytes each stage needs, per pipeline
+    sync_every: int = 1
+    peer_memory_gb: dict[str, float] = field(default_factory=dict)
+    search_predicted: Prediction | None = None  # the search's own answer, before any baseline could win
 
     def to_json(self) -> dict[str, Any]:
-        """The ``geotrain plan --json`` object (shape fixed by issue 4)."""
+        """The ``geotrain plan --json`` object: issue 4's shape, plus what the table shows (docs/planner.md).
+
+        Layers are half-open ``[start, end)``, as everywhere in the planner.
+        """
+        mem = self.stage_memory or tuple(tuple(0.0 for _ in pipe) for pipe in self.pipelines)
+        pred = self.predicted
         return {
             "plan": {
                 "pipelines": [[{"peer": st.peer, "layers": [st.layers[0], st.layers[1]]} for st in pipe]
                               for pipe in self.pipelines],
                 "spares": list(self.spares),
             },
-            "predicted": self.predicted.to_json(),
+            # per pipeline, per stage: GB the stage needs (weights, gradients, optimizer and DiLoCo state,
+            # activations in flight) and GB its peer has
+            "stage_memory_gb": [[{"need": round(need / 1e9, 3), "have": self.peer_memory_gb.get(st.peer, 0.0)}
+                                 for st, need in zip(pipe, needs, strict=True)]
+                                for pipe, needs in zip(self.pipelines, mem, strict=True)],
+            "spare_reasons": {q: self.spare_reasons.get(q, "") for q in self.spares},
+            "predicted": pred.to_json() | {
+                "bottleneck": pred.bottleneck,
+                "utilisation": {q: round(u, 4) for q, u in sorted(pred.utilisation.items())},
+                "pipeline_step_s": pred.pipeline_step_s,
+                "round_s": pred.step_s * self.sync_every,
+                "round_sync_s": pred.round_sync_s,
+                "exposed_sync_s": pred.exposed_sync_s,
+            },
             "baselines": {k: (None if v is None else v.to_json()) for k, v in self.baselines.items()},
+            "baseline_reasons": {k: self.baseline_reasons.get(k, "") for k, v in self.baselines.items() if v is None},
+            "method": self.method,
+            "chosen_from": self.chosen_from,
+            "notes": list(self.notes),
             "solve_s": self.solve_s,
         }
 
@@ -134,25 +167,29 @@ def plan(
     ids = sorted(p.id for p in scenario.peers)
     score = Scorer(cm, obj)
     if exhaustive_size(cm, len(ids)) <= exact_limit:
-        method, best = "exact", exhaustive(score, ids)
+        method, found = "exact", exhaustive(score, ids)
+    elif obj.kind in ("max_usd_per_hour", "min_tokens_per_s"):
+        # a bound splits the plans in two; the plans near it are found by searching for speed and for
+        # price as well (the incumbent is judged by the bound's objective throughout)
+        method = "heuristic"
+        third = time_budget_s / 3
+        heuristic(score, ids, seed=seed, time_budget_s=third, moves=moves)
+        for steer in (Objective(kind="throughput"), Objective(kind="cost")):
+            heuristic(Scorer(cm, steer, shared=score), ids, seed=seed, time_budget_s=third, moves=moves)
+        found = score.incumbent
     else:
-        method, best = "heuristic", heuristic(score, ids, seed=seed, time_budget_s=time_budget_s, moves=moves)
+        method, found = "heuristic", heuristic(score, ids, seed=seed, time_budget_s=time_budget_s, moves=moves)
+    best = score.incumbent if found is None or (score.incumbent is not None
+                                                 and score.incumbent.score < found.score) else found
     solve_s, solve_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     if best is None:
         raise InfeasiblePlanError(f"no feasible plan: {score.last_reason}")
-    if obj.violation(best.prediction) > 0:
-        p = best.prediction
-        raise InfeasiblePlanError(
-            f"no plan meets {obj.to_json()}: the best found makes {p.tokens_per_s:.0f} tokens/s at "
-            f"{p.usd_per_hour:.2f} USD/hour; relax the objective or add peers"
-        )
-    logger.info("planned %s in %.3fs with %d evaluations (%s)", scenario.job.objective, solve_s, score.evaluations, method)
-    result_pred = cm.predict(best.pipelines, detail=True)
-    assert isinstance(result_pred, Prediction)
-    used = {q for row in best.grid for q in row}
     base: dict[str, Prediction | None] = {}
     base_s: dict[str, float] = {}
     base_cpu: dict[str, float] = {}
+    base_why: dict[str, str] = {}
+    chosen_from = "search"
+    search_pred = best.prediction
     if baselines:
         S, P = len(best.grid[0]), len(best.grid)
         for name in BASELINES:
@@ -169,9 +206,30 @@ def plan(
             base_s[name] = time.perf_counter() - t1
             base_cpu[name] = time.process_time() - c1
             base[name] = None if c is None else c.prediction
+            if c is None:
+                base_why[name] = f"no feasible {P} x {S} assignment: {score.last_reason}"
+        # the plan is the best candidate anything evaluated, baselines included
+        inc = score.incumbent
+        if inc is not None and inc.score < best.score:
+            chosen_from = next((k for k, v in base.items() if v is inc.prediction), "baselines")
+            best = inc
+    if obj.violation(best.prediction) > 0:
+        p = best.prediction
+        raise InfeasiblePlanError(
+            f"no plan meets {obj.to_json()}: the best found makes {p.tokens_per_s:.0f} tokens/s at "
+            f"{p.usd_per_hour:.2f} USD/hour; relax the objective or add peers"
+        )
+    logger.info("planned %s in %.3fs with %d evaluations (%s)", scenario.job.objective, solve_s, score.evaluations, method)
+    result_pred = cm.predict(best.pipelines, detail=True)
+    assert isinstance(result_pred, Prediction)
+    used = {q for row in best.grid for q in row}
+    spares = [q for q in ids if q not in used]
+    S_best = len(best.grid[0])
+    memory = tuple(tuple(cm.stage_memory(st.layers[0], st.layers[1], si, len(pipe)) for si, st in enumerate(pipe))
+                   for pipe in best.pipelines)
     return PlanResult(
         pipelines=best.pipelines,
-        spares=[q for q in ids if q not in used],
+        spares=spares,
         predicted=result_pred,
         baselines=base,
         solve_s=solve_s,
@@ -180,4 +238,40 @@ def plan(
         baseline_solve_s=base_s,
         solve_cpu_s=solve_cpu_s,
         baseline_cpu_s=base_cpu,
+        spare_reasons={q: _spare_reason(cm, q, S_best, len(best.grid), obj) for q in spares},
+        baseline_reasons=base_why,
+        chosen_from=chosen_from,
+        notes=_notes(scenario, obj, result_pred, best),
+        stage_memory=memory,
+        sync_every=scenario.job.sync_every,
+        peer_memory_gb={q: scenario.peer(q).memory_gb for q in used},
+        search_predicted=search_pred,
     )
+
+
+def _spare_reason(cm: CostModel, q: str, S: int, P: int, obj: Objective) -> str:
+    """Why peer ``q`` is not in the plan: it cannot hold a stage, or no plan found with it scored better."""
+    peer = cm.sc.peer(q)
+    if not can_hold(cm, q, S):
+        L = cm.n_layers
+        share = max(1, L // S)
+        need = cm.stage_memory(L - share, L, S - 1, S)
+        return (f"cannot hold a stage of this {S}-stage plan: an even stage ({share} layers) needs "
+                f"{need / 1e9:.1f} GB, the peer has {peer.memory_gb:g} GB")
+    if obj.kind in ("cost", "min_tokens_per_s") and peer.usd_per_hour > 0:
+        return (f"left out for price: no plan found with it ({peer.usd_per_hour:g} USD/hour) "
+                "made tokens cheaper")
+    return f"not needed: no plan found with it scored better than this {P} x {S} one"
+
+
+def _notes(sc: Scenario, obj: Objective, pred: Prediction, best: Candidate) -> tuple[str, ...]:
+    notes = []
+    if obj.kind == "cost" and pred.usd_per_hour == 0:
+        n = sum(len(row) for row in best.grid)
+        notes.append(
+            f"degenerate cost answer: the plan's {n} peer(s) cost 0 USD/hour, so it costs 0 USD per 1M tokens "
+            "and no plan can be cheaper; the cost objective then only picks the fastest free plan. "
+            'For a budget use {"max_usd_per_hour": X} (most tokens/s under X USD/hour) or '
+            '{"min_tokens_per_s": Y}'
+        )
+    return tuple(notes)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from geotrain.planner.costmodel import CostModel, Prediction, StageAssignment
 from geotrain.planner.objective import Objective
-from geotrain.planner.split import Grid, assign, column_key, split_layers
+from geotrain.planner.split import Grid, assign, column_key, split_layers, sync_terms
 
 logger = logging.getLogger(__name__)
 
@@ -47,31 +47,108 @@ class Candidate:
 
 
 class Scorer:
-    """Turns grids into scored candidates, caching splits; counts evaluations."""
+    """Turns grids into scored candidates, caching splits; counts evaluations.
 
-    def __init__(self, cm: CostModel, objective: Objective) -> None:
+    It also keeps the *incumbent*, the best candidate it ever scored (:attr:`best`), whoever
+    asked: the heuristic, a baseline or an exact search. A search that ends on a local optimum
+    can then still return the best plan it saw. ``target`` is the objective the incumbent is
+    judged by when the search steers by another one (a constrained objective searched under
+    throughput and cost, say); it defaults to ``objective``.
+    """
+
+    def __init__(self, cm: CostModel, objective: Objective, *, target: Objective | None = None,
+                 shared: Scorer | None = None) -> None:
         self.cm = cm
         self.objective = objective
-        self.split_cache: dict[object, tuple[int, ...] | None] = {}
+        self.target = target or objective
+        # a scorer steering by another objective shares its split cache and incumbent with ``shared``
+        self._root: Scorer = shared._root if shared is not None else self
+        self.split_cache: dict[object, tuple[int, ...] | None] = (
+            shared.split_cache if shared is not None else {})
         self.evaluations = 0
         self.last_reason = ""
+        self.best: Candidate | None = None  # judged by ``target`` (on the root scorer)
+        self.infeasible: dict[tuple[int, int], str] = {}  # (stages, pipelines) -> why the last grid failed
+
+    @property
+    def incumbent(self) -> Candidate | None:
+        """The best candidate any scorer sharing this one's root has scored, under the target objective."""
+        return self._root.best
+
+    def _offer(self, c: Candidate) -> None:
+        root = self._root
+        score = root.target.score(c.prediction)
+        if root.best is None or score < root.best.score:
+            root.best = Candidate(score, c.grid, c.pipelines, c.prediction)
+
+    def _fail(self, grid: Grid, why: str) -> None:
+        self.last_reason = why
+        self._root.last_reason = why
+        if grid:
+            self.infeasible[(len(grid[0]), len(grid))] = why
 
     def __call__(self, grid: Grid) -> Candidate | None:
         self.evaluations += 1
+        self._root.evaluations += self is not self._root
         key = column_key(self.cm, grid)
         if key is None:
-            self.last_reason = "a pipeline hop joins peers with no link between them"
+            self._fail(grid, "a pipeline hop joins peers with no link between them")
             return None
         bounds = split_layers(self.cm, key, self.split_cache)
         if bounds is None:
-            self.last_reason = "the layers do not fit the peers' memory"
+            self._fail(grid, _memory_reason(self.cm, grid))
             return None
+        c = self._candidate(grid, bounds)
+        if c is None:
+            return None
+        # rounds that do not hide behind compute: also try the split that weighs each stage's round
+        if c.prediction.exposed_sync_s > 0:
+            sync = sync_terms(self.cm, grid)
+            if sync is not None:
+                alt_bounds = split_layers(self.cm, (*key, sync), self.split_cache)
+                if alt_bounds is not None and alt_bounds != bounds:
+                    alt = self._candidate(grid, alt_bounds)
+                    if alt is not None and alt.score < c.score:
+                        c = alt
+        self._offer(c)
+        return c
+
+    def _candidate(self, grid: Grid, bounds: Sequence[int]) -> Candidate | None:
         pipes = assign(grid, bounds)
         pred = self.cm.predict(pipes, detail=False, trusted=True)
         if isinstance(pred, str):
-            self.last_reason = pred
+            self._fail(grid, pred)
             return None
         return Candidate(self.objective.score(pred), grid, pipes, pred)
+
+
+def _memory_reason(cm: CostModel, grid: Grid) -> str:
+    """Why no layer split of ``grid`` fits: the smallest peer of the shape against an even share."""
+    S = len(grid[0])
+    peers = cm.sc._peer
+    small = min((q for row in grid for q in row), key=lambda q: (peers[q].memory_bytes, q))
+    L = cm.n_layers
+    share = cm.stage_memory(0, max(1, -(-L // S)), 0, S)
+    return (f"the layers do not fit the peers' memory: {S} stage(s) need about {share / 1e9:.1f} GB a stage "
+            f"and {small} has {peers[small].memory_gb:g} GB")
+
+
+def can_hold(cm: CostModel, peer: str, S: int) -> bool:
+    """Whether ``peer`` could hold some stage of an ``S``-stage pipeline: its last stage, layers an even share.
+
+    Exact for ``S = 1`` (the whole model, one microbatch in flight); for more stages a cheap
+    screen that keeps packing from filling a shape with peers that cannot hold an even stage.
+    """
+    L = cm.n_layers
+    share = max(1, L // S)
+    return cm.stage_memory(L - share, L, S - 1, S) <= cm.sc._peer[peer].memory_bytes
+
+
+def holders_first(cm: CostModel, order: Sequence[str], S: int) -> list[str]:
+    """``order`` with the peers that can hold a stage of an ``S``-stage pipeline first (stable)."""
+    fit = [q for q in order if can_hold(cm, q, S)]
+    taken = set(fit)
+    return fit + [q for q in order if q not in taken]
 
 
 def shapes(cm: CostModel, n_peers: int, *, dense: bool) -> list[tuple[int, int]]:
@@ -185,6 +262,68 @@ def pack(cm: CostModel, chosen: Sequence[str], S: int, P: int, *, by: str = "flo
         else:
             out.append(tuple(q for run in runs for q in sorted(run, key=lambda x: (-peers[x].flops, x))))
     return tuple(out)
+
+
+def _region_path(cm: CostModel, regions: Sequence[str]) -> list[str]:
+    """An open path through ``regions`` whose slowest link is as fast as it can be made.
+
+    Neighbours on the path share stage groups and hops, and the slowest of those links sets the
+    pace, so the path is judged by its narrowest link (seconds per GB), then by their sum:
+    nearest neighbour from every start, then 2-opt. ``k <= 10`` regions: nothing to pay.
+    """
+    rs = sorted(regions)
+    if len(rs) <= 2:
+        return rs
+
+    def cost(a: str, b: str) -> float:
+        ln = cm.sc.region_link(a, b)
+        return math.inf if ln is None else 1e9 / ln.bytes_per_s + ln.rtt_s
+
+    def judge(path: Sequence[str]) -> tuple[float, float]:
+        hops = [cost(a, b) for a, b in itertools.pairwise(path)]
+        return max(hops), sum(hops)
+
+    best: tuple[tuple[float, float], list[str]] | None = None
+    for start in rs:
+        path, left = [start], set(rs) - {start}
+        while left:
+            nxt = min(sorted(left), key=lambda r: cost(path[-1], r))
+            path.append(nxt)
+            left.remove(nxt)
+        improved = True
+        while improved:
+            improved = False
+            for i, j in itertools.combinations(range(len(path)), 2):
+                cand = path[:i] + path[i:j + 1][::-1] + path[j + 1:]
+                if judge(cand) < judge(path):
+                    path, improved = cand, True
+        if best is None or judge(path) < best[0]:
+            best = (judge(path), path)
+    assert best is not None
+    return best[1]
+
+
+def pack_columns(cm: CostModel, chosen: Sequence[str], S: int, P: int) -> Grid:
+    """Stage groups inside regions, pipelines along a path of regions: :func:`pack` transposed.
+
+    Peers are laid out region by region along :func:`_region_path` (fastest first inside a
+    region) and cut into ``S`` columns of ``P``; every other column is reversed (a snake), so
+    where a region's peers end one column and start the next, the hop between them stays in
+    the region. This is the right shape when rounds are frequent (``H`` small) or pipelines are
+    short: a stage group's all-reduce moves a stage's whole pseudo-gradient, a hop only
+    activations. Packing pipelines inside regions instead leaves each column spread over every
+    region, and on a swarm with uneven region sizes its leftover pipelines wander through
+    many cities.
+    """
+    peers = cm.sc._peer
+    by_region: dict[str, list[str]] = {}
+    for q in chosen:
+        by_region.setdefault(peers[q].region, []).append(q)
+    line = [q for r in _region_path(cm, list(by_region))
+            for q in sorted(by_region[r], key=lambda x: (-peers[x].flops, x))][:S * P]
+    cols = [line[s * P:(s + 1) * P] for s in range(S)]
+    cols = [c if s % 2 == 0 else c[::-1] for s, c in enumerate(cols)]
+    return tuple(tuple(cols[s][p] for s in range(S)) for p in range(P))
 
 
 def interleave(cm: CostModel, chosen: Sequence[str], S: int, P: int) -> Grid | None:
@@ -326,13 +465,16 @@ def _refine_pipelines(score: Scorer, found: list[Candidate], order: Sequence[str
         S, P = len(c.grid[0]), len(c.grid)
         top = n // S
         best, step = c, max(1, top // 20)
+        s_order = holders_first(score.cm, order, S)
         while True:
             moved = False
             for q in (P + step, P - step):
                 if 1 <= q <= top:
-                    alt = score(pack(score.cm, order[:S * q], S, q))
-                    if alt is not None and alt.score < best.score:
-                        best, P, moved = alt, q, True
+                    for g in (pack(score.cm, s_order[:S * q], S, q), pack_columns(score.cm, s_order[:S * q], S, q)):
+                        alt = score(g)
+                        if alt is not None and alt.score < best.score:
+                            best, P, moved = alt, q, True
+                    if moved:
                         break
             if moved:
                 continue
@@ -365,7 +507,9 @@ def heuristic(score: Scorer, peer_ids: Sequence[str], *, seed: int = 0, time_bud
     small = n <= 16
     keep = keep if keep is not None else (1000 if n <= 10 else 8 if small else 3)
     orders = _orders(cm, score.objective, peer_ids)
-    scan_orders = orders if small else orders[:1]
+    # large swarms scan every shape from each ranking (speed, value, memory), not one order only: with
+    # one order a shape whose first S x P peers include one that cannot hold a stage was lost
+    scan_orders = orders if small else orders[:len(rankings(cm, score.objective))]
     by_stages: dict[int, list[int]] = {}
     for S, P in shapes(cm, n, dense=small):
         by_stages.setdefault(S, []).append(P)
@@ -373,11 +517,14 @@ def heuristic(score: Scorer, peer_ids: Sequence[str], *, seed: int = 0, time_bud
     best_score, stalled = math.inf, 0
     for S, ps in sorted(by_stages.items()):
         found = False
+        # peers that cannot hold a stage of this many go last, so they never block a shape that fits
+        s_orders = [holders_first(cm, order, S) for order in scan_orders]
         for P in ps:
             shape_best: Candidate | None = None
-            starts = [pack(cm, order[:S * P], S, P, by=by) for order in scan_orders
+            starts = [pack(cm, order[:S * P], S, P, by=by) for order in s_orders
                       for by in (("flops", "memory") if small else ("flops",))]
-            mixed = interleave(cm, orders[0][:S * P], S, P)
+            starts += [pack_columns(cm, order[:S * P], S, P) for order in s_orders[:2]]
+            mixed = interleave(cm, s_orders[0][:S * P], S, P)
             if mixed is not None:
                 starts.append(mixed)
             if small:  # a few random grids too: packing can miss memory-feasible shapes on odd swarms
@@ -385,7 +532,7 @@ def heuristic(score: Scorer, peer_ids: Sequence[str], *, seed: int = 0, time_bud
                     shuffled = list(peer_ids)
                     rng.shuffle(shuffled)
                     starts.append(tuple(tuple(shuffled[p * S:(p + 1) * S]) for p in range(P)))
-            for g in starts:
+            for g in dict.fromkeys(starts):
                 c = score(g)
                 if c is not None and (shape_best is None or c.score < shape_best.score):
                     shape_best = c
@@ -408,9 +555,10 @@ def heuristic(score: Scorer, peer_ids: Sequence[str], *, seed: int = 0, time_bud
     for c in per_shape[:keep]:
         S, P = len(c.grid[0]), len(c.grid)
         for order in ([] if small else orders[1:]):
-            alt = score(pack(cm, order[:S * P], S, P))
-            if alt is not None and alt.score < c.score:
-                c = alt
+            order = holders_first(cm, order, S)
+            for alt in (score(pack(cm, order[:S * P], S, P)), score(pack_columns(cm, order[:S * P], S, P))):
+                if alt is not None and alt.score < c.score:
+                    c = alt
         top.append(c)
     # ``moves`` is the whole local-search budget, shared by the kept shapes
     budget = max(1, moves // len(top)) if moves is not None else (3000 if small else 1500)

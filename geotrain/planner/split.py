@@ -16,6 +16,17 @@ where ``F(i, j)`` sums FLOPs per token over layers ``[i, j)``, ``phi_s`` is
 stage ``s``'s slowest peer, ``h_{s-1}(i)`` is the link time of the hop whose
 activations leave layer ``i - 1``, and ranges that do not fit stage ``s``'s
 smallest memory are skipped. O(S L^2) for S stages and L layers.
+
+*Rounds in the split.* A stage group's round moves its stage's whole
+pseudo-gradient, so when rounds are frequent (``H`` small) a stage's share of
+parameters matters as much as its share of FLOPs. :func:`sync_terms` prices
+each column's round as ``Y_s = alpha_s N_s + beta_s`` seconds for ``N_s``
+parameters and the DP can add ``Y_s / K`` to stage ``s``'s term, ``K`` the
+inner-step periods a round has to hide behind (``tau (M - 1 + S)``, or
+``H (M - 1 + S)`` when the round blocks). That term is a surrogate (the cost
+model adds the exposed part of the slowest group's round to the step, not a
+max per stage), so the search scores the split with and without it and keeps
+the better plan.
 """
 
 from __future__ import annotations
@@ -50,14 +61,41 @@ def column_key(cm: CostModel, grid: Sequence[Sequence[str]]) -> tuple[tuple[floa
     return tuple(speed), tuple(memory), tuple(kappa)
 
 
+def sync_terms(cm: CostModel, grid: Sequence[Sequence[str]]) -> tuple[tuple[float, float], ...] | None:
+    """Per column, ``(alpha, beta)`` with its round's surrogate period ``alpha x param bytes + beta`` (see above).
+
+    None when there is one pipeline (no rounds) or a column has no links between its regions.
+    """
+    P, S = len(grid), len(grid[0])
+    if P < 2:
+        return None
+    job = cm.sc.job
+    hidden = job.hidden_steps
+    periods = (max(1, hidden) if hidden else job.sync_every) * max(1, cm.M - 1 + S)
+    total = cm.params[-1] / cm.d  # elements of the whole model
+    ref = max(1.0, total / S)
+    out = []
+    for s in range(S):
+        members = [row[s] for row in grid]
+        y0 = cm._group_sync(members, 0.0, {})
+        y1 = cm._group_sync(members, ref, {})
+        if y0 is None or y1 is None:
+            return None
+        # per parameter *byte* of the profile (the DP walks prefix sums of param bytes)
+        out.append(((y1 - y0) / ref / cm.d / periods, y0 / periods))
+    return tuple(out)
+
+
 def split_layers(
     cm: CostModel, key: tuple[tuple[float, ...], ...], cache: dict[object, tuple[int, ...] | None] | None = None
 ) -> tuple[int, ...] | None:
     """Stage boundaries ``(b_0, ..., b_{S-1} = L)`` minimising the bottleneck, or None if nothing fits."""
     if cache is not None and key in cache:
         return cache[key]
-    speed, memory, kappa = key
+    speed, memory, kappa = key[:3]
+    sync = key[3] if len(key) > 3 else ()
     S, L = len(speed), cm.n_layers
+    P_ = cm.params
     result: tuple[int, ...] | None = None
     if S <= L:
         inf = math.inf
@@ -67,6 +105,8 @@ def split_layers(
         for j in range(1, L - S + 2):
             if cm.stage_memory(0, j, 0, S) <= memory[0]:
                 dp[j] = m * F[j] / speed[0]
+                if sync:
+                    dp[j] = max(dp[j], sync[0][0] * P_[j] + sync[0][1])
         back: list[list[int]] = [[0] * (L + 1)]
         for s in range(1, S):
             new = [inf] * (L + 1)
@@ -83,6 +123,8 @@ def split_layers(
                     if cm.stage_memory(i, j, s, S) > mem:
                         break
                     v = max(dp[i], hop[i], c)
+                    if sync:
+                        v = max(v, sync[s][0] * (P_[j] - P_[i]) + sync[s][1])
                     if v < best:
                         best, at = v, i
                 new[j], arg[j] = best, at

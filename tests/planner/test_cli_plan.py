@@ -12,18 +12,27 @@ from geotrain.cli import main
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "scenarios"
 
 
-def test_json_shape_is_exactly_the_issue(capsys):
+def test_json_shape_carries_what_the_table_shows(capsys):
     assert main(["plan", "--scenario", str(EXAMPLES / "demo.json"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"plan", "predicted", "baselines", "solve_s"}
+    assert set(out) == {"plan", "predicted", "baselines", "baseline_reasons", "method", "chosen_from", "notes",
+                        "stage_memory_gb", "spare_reasons", "solve_s"}
     assert set(out["plan"]) == {"pipelines", "spares"}
     keys = {"tokens_per_s", "usd_per_hour", "usd_per_mtok", "step_s", "cross_region_bytes_per_step"}
-    assert set(out["predicted"]) == keys
+    table = {"bottleneck", "utilisation", "pipeline_step_s", "round_s", "round_sync_s", "exposed_sync_s"}
+    assert set(out["predicted"]) == keys | table
+    assert out["predicted"]["bottleneck"]
     assert set(out["baselines"]) == {"random", "round_robin", "greedy_region", "genetic"}
     assert all(v is None or set(v) == keys for v in out["baselines"].values())
-    for pipe in out["plan"]["pipelines"]:
+    assert set(out["baseline_reasons"]) == {k for k, v in out["baselines"].items() if v is None}
+    assert set(out["spare_reasons"]) == set(out["plan"]["spares"])
+    assert all(out["spare_reasons"].values())
+    used = {st["peer"] for pipe in out["plan"]["pipelines"] for st in pipe}
+    assert set(out["predicted"]["utilisation"]) == used
+    for pipe, mem in zip(out["plan"]["pipelines"], out["stage_memory_gb"], strict=True):
         assert pipe[0]["layers"][0] == 0 and pipe[-1]["layers"][1] == 26
         assert all(set(st) == {"peer", "layers"} for st in pipe)
+        assert len(mem) == len(pipe) and all(0 < m["need"] <= m["have"] for m in mem)
 
 
 def test_human_tables(capsys, monkeypatch):
