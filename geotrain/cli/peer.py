@@ -45,6 +45,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--emulate-bandwidth", action="store_true", help="with --emulate: also shape bandwidth in the transport")
     p.add_argument("--emulate-scale", type=float, default=1.0, help="divide emulated bandwidths by this")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--data-dir", default=None, metavar="DIR",
+                   help="this peer's copy of the job's data: relative data paths are read under DIR")
+    p.add_argument("--model-dir", default=None, metavar="DIR",
+                   help="this peer's copy of the job's pretrained weights (model.hf_pretrained) under DIR")
     p.add_argument("--swarm-key", default=None, metavar="FILE",
                    help="swarm key (geotrain keygen): admit only members; CURVE-encrypt the data plane")
     p.set_defaults(handler=_run)
@@ -119,7 +123,7 @@ def _run(args: argparse.Namespace) -> int:
         try:
             agent = PeerAgent(
                 AgentConfig(region=args.region, usd_per_hour=args.price, device=args.device, job_id=args.job,
-                            probe_every_s=args.probe_every),
+                            probe_every_s=args.probe_every, data_dir=args.data_dir, model_dir=args.model_dir),
                 swarm=swarm,
                 transport=transport,
                 emit=_emit,

@@ -47,7 +47,8 @@ class PreparedJob:
     def summary(self) -> dict[str, Any]:
         """What ``geotrain check`` prints: the model, the tokenizer and the data, as figures."""
         ds, m = self.dataset, self.job.model
-        stats = dict(getattr(ds, "stats", {}) or {})
+        raw = getattr(ds, "stats", None)
+        stats = dataclasses.asdict(raw) if dataclasses.is_dataclass(raw) and not isinstance(raw, type) else {}
         kind = ("hf_pretrained" if m.hf_pretrained else "hf_config" if m.hf_config else
                 "loader" if m.loader else f"gpt:{m.preset}")
         model_type = json.loads(m.hf_config_json).get("model_type") if m.hf_config_json else None

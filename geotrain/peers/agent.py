@@ -36,6 +36,7 @@ from geotrain.errors import (
     GeotrainError,
     TransportError,
 )
+from geotrain.peers.localise import localise_job
 from geotrain.peers.probe import ProbeConfig, measure_link, serve_probes
 from geotrain.plan import JobPlan
 from geotrain.swarm import Swarm
@@ -62,6 +63,8 @@ class AgentConfig:
     stall_wait_s: float = 120.0
     job_id: str | None = None
     benchmark_s: float = 0.5
+    data_dir: str | None = None  # where this peer's copy of the job's data lives (geotrain.peers.localise)
+    model_dir: str | None = None  # ... and of its pretrained weights
 
     def __post_init__(self) -> None:
         if self.usd_per_hour < 0:
@@ -237,7 +240,8 @@ class PeerAgent:
         key = (owner, rec.job_id)
         if self._job is None or self._job_key != key:
             try:
-                self._job = job_from_dict(rec.spec)
+                self._job = localise_job(job_from_dict(rec.spec), data_dir=self.config.data_dir,
+                                         model_dir=self.config.model_dir)
             except ConfigError as e:
                 logger.warning("ignoring job %s from %s: %s", rec.job_id, owner, e)
                 return None
