@@ -198,7 +198,7 @@ def _cache_kwarg(fn: Callable[..., Any]) -> str:
 class _Parts:
     """The model's parts and their state-dict prefixes (``model.layers.``), found from its structure."""
 
-    def __init__(self, model: nn.Module, config: Any) -> None:
+    def __init__(self, model: Any, config: Any) -> None:
         arch = _architecture(config)
         base = getattr(model, "base_model", None)
         if not isinstance(base, nn.Module) or base is model:
@@ -308,15 +308,16 @@ class HFModel(BlockModel):
 
     def __init__(
         self,
-        model: nn.Module,
+        model: Any,
         *,
         seed: int | None,
         seq_len: int | None,
         activation_checkpointing: bool,
         verify: bool,
     ) -> None:
-        self._config = model.config  # type: ignore[union-attr]
+        self._config: Any = model.config
         self._seed = seed
+        self._hf_class = type(model).__name__
         self._max_positions = _max_positions(self._config)
         if seq_len is not None:
             if seq_len < 1:
@@ -338,7 +339,7 @@ class HFModel(BlockModel):
         self._prefix = parts.prefix
         self._num_layers = len(parts.layers)
         self._tied = bool(getattr(self._config, "tie_word_embeddings", False)) and (
-            parts.head.weight is getattr(parts.embed, "weight", None)  # type: ignore[union-attr]
+            getattr(parts.head, "weight", None) is getattr(parts.embed, "weight", None)
         )
         blocks: list[nn.Module] = [HFEmbedding(parts.embed, parts.pos, parts.drop)]
         for i, layer in enumerate(parts.layers):
@@ -422,12 +423,13 @@ class HFModel(BlockModel):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)  # nothing should be initialised; if anything is, the same on every peer
             try:
-                model, info = AutoModelForCausalLM.from_pretrained(
+                loaded: Any = AutoModelForCausalLM.from_pretrained(
                     str(d), local_files_only=True, use_safetensors=True, attn_implementation=attn_implementation,
                     dtype=torch.float32, output_loading_info=True,
                 )
             except (OSError, ValueError) as e:
                 raise ConfigError(f"cannot load HF model from {str(d)!r}: {e}") from e
+        model, info = loaded
         missing = list(info.get("missing_keys", []))
         if missing:
             raise ConfigError(f"{str(d)!r} lacks weights for {missing[:5]}{' ...' if len(missing) > 5 else ''}")
@@ -591,14 +593,17 @@ class HFModel(BlockModel):
             raise ConfigError(
                 f"cannot save: {len(missing)} weights missing, e.g. {missing[:3]} (give every stage's parameters)"
             )
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         config = copy.deepcopy(self._config)
-        config.architectures = list(getattr(self._config, "architectures", None) or []) or None
+        config.architectures = list(getattr(self._config, "architectures", None) or [self._hf_class])
+        dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
+        if len(dtypes) == 1:  # loaders default to the config's dtype: name the one the weights are in
+            config.dtype = dtypes.pop()
         config.save_pretrained(str(out))
         if self._generation_config is not None:
             self._generation_config.save_pretrained(str(out))
-        tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
         save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
         return out
 

@@ -74,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.hf_config:
         from geotrain.models import HFModel
 
-        model = HFModel.from_config(args.hf_config, seed=args.seed)
+        model = resolve_model(HFModel.from_config(args.hf_config, seed=args.seed))
     elif args.no_tie and ":" not in args.model:
         from geotrain.models import GPTConfig
 
@@ -92,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         schedule=args.schedule, act_codec=args.act_codec, grad_codec=args.grad_codec, lr=args.lr,
         hop_timeout_s=args.hop_timeout,
     )
-    seq_len = getattr(model, "seq_len", None) or getattr(getattr(model, "config", None), "seq_len", 32)
+    seq_len = int(getattr(model, "seq_len", 0) or getattr(getattr(model, "config", None), "seq_len", 32))
     dataset = build_dataset(DataConfig(max_bytes=args.data_bytes)) if cfg.is_first or cfg.is_last else None
 
     def data(step: int) -> torch.Tensor:
