@@ -274,6 +274,12 @@ def _load_config(path: Path, *, vocab_size: int | None, attn: str) -> Any:
         if vocab_size < 1:
             raise ConfigError(f"vocab_size must be >= 1; got {vocab_size}")
         config.vocab_size = vocab_size
+    pad = getattr(config, "pad_token_id", None)
+    if isinstance(pad, int) and not 0 <= pad < config.vocab_size:
+        raise ConfigError(
+            f"HF config {str(path)!r}: pad_token_id {pad} is outside the vocabulary of {config.vocab_size} tokens; "
+            "set pad_token_id to null or to a token of the tokenizer"
+        )
     config._attn_implementation = attn
     return config
 

@@ -208,6 +208,10 @@ def test_vocab_and_sequence_length(tmp_path: Path) -> None:
         HFModel.from_config(path, seed=SEED, seq_len=65)
     with pytest.raises(ConfigError, match="does not exist"):
         HFModel.from_config(tmp_path / "nowhere", seed=SEED)
+    padded = write_config(tmp_path / "padded", "llama", pad_token_id=100)
+    assert HFModel.from_config(padded, seed=SEED).vocab_size == VOCAB
+    with pytest.raises(ConfigError, match="pad_token_id 100 is outside the vocabulary of 64"):
+        HFModel.from_config(padded, seed=SEED, vocab_size=64)
 
 
 def test_unsupported_architectures_are_refused_by_name(tmp_path: Path) -> None:
