@@ -119,3 +119,27 @@ def test_check_of_the_tiny_example_passes(capsys: pytest.CaptureFixture[str]) ->
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] and out["model"]["blocks"] == 6 and out["model"]["vocab_size"] == 256
     assert out["data"]["train_tokens"] > 0
+
+
+def test_a_pretrained_job_pins_its_weights_and_a_peer_with_other_weights_is_refused(tmp_path: Path) -> None:
+    import transformers
+
+    from geotrain.coordinator.prepare import prepare_job
+
+    cfg = transformers.LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                   num_key_value_heads=1, max_position_embeddings=32, vocab_size=256)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "w")
+    job = job_from_dict({"model": {"hf_pretrained": str(tmp_path / "w"), "seq_len": 16},
+                         "data": {"max_bytes": 200_000}, "pipeline": {"micro_batch_size": 2, "microbatches": 1}})
+    resolved = prepare_job(job).job
+    assert resolved.model.weights_digest and resolved.model.vocab_size == 256
+    assert '"model_type": "llama"' in (resolved.model.hf_config_json or "")
+    assert resolved.model.block_model(0).num_blocks == 3
+    torch.manual_seed(1)  # another peer's copy holds other weights
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "other")
+    import dataclasses
+
+    theirs = dataclasses.replace(resolved, model=dataclasses.replace(resolved.model, hf_pretrained=str(tmp_path / "other")))
+    with pytest.raises(ConfigError, match="was launched from weights"):
+        theirs.model.block_model(0)
