@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from geotrain.data.disk import build_lock, fsync_dir, write_atomic
 from geotrain.data.sources import DocumentSource, ReadStats
 from geotrain.data.tokenizer import Tokenizer, default_cache_dir
 from geotrain.errors import ConfigError, DataError
@@ -90,30 +91,6 @@ def _file_sha256(path: Path) -> str:
         while block := f.read(_HASH_BLOCK):
             h.update(block)
     return h.hexdigest()
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # some platforms cannot open a directory; the rename is still atomic
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _open_existing(tokens: Path, meta: Path, *, verify: bool) -> TokenCache | None:
@@ -249,10 +226,19 @@ def build_token_cache(
     key = _key(source.digest, tokenizer.digest)
     tokens_path, meta_path = folder / f"{key}.tokens", folder / f"{key}.json"
     found = _open_existing(tokens_path, meta_path, verify=verify)
-    if found is not None:
-        logger.info("token cache: reusing %s (%d tokens)", tokens_path, found.num_tokens)
-        return found
+    if found is None:
+        with build_lock(tokens_path):
+            found = _open_existing(tokens_path, meta_path, verify=verify)  # built while we waited?
+            if found is None:
+                return _build(source, tokenizer, folder, key, ram_budget_bytes)
+    logger.info("token cache: reusing %s (%d tokens)", tokens_path, found.num_tokens)
+    return found
 
+
+def _build(
+    source: DocumentSource, tokenizer: Tokenizer, folder: Path, key: str, ram_budget_bytes: int
+) -> TokenCache:
+    tokens_path, meta_path = folder / f"{key}.tokens", folder / f"{key}.json"
     dtype = token_dtype(tokenizer.vocab_size)
     eos = tokenizer.eos_id
     if eos is None and source.kind != "stdlib":
@@ -290,6 +276,7 @@ def build_token_cache(
             os.fsync(f.fileno())
         if writer.count == 0:
             raise DataError(f"data source {source.label!r} tokenised to no tokens")
+        meta_path.unlink(missing_ok=True)  # a stale description must never pass for the new file's
         os.replace(tmp, tokens_path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -313,8 +300,8 @@ def build_token_cache(
     meta["format"] = _FORMAT
     meta["tokenizer"] = tokenizer.name
     meta["source"] = source.label
-    _write_atomic(meta_path, (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode())
-    _fsync_dir(folder)
+    write_atomic(meta_path, (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode())
+    fsync_dir(folder)
     logger.info(
         "token cache: %d documents -> %d %s tokens in %s (%d lines/rows skipped)",
         stats.documents,

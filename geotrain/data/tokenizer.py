@@ -19,9 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
-import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -29,6 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from geotrain.data.disk import build_lock, write_atomic
 from geotrain.errors import ConfigError
 
 __all__ = [
@@ -318,29 +317,32 @@ def _bpe_cached(
     folder = (cache_dir or default_cache_dir() / "tokenizers") / f"bpe-{vocab_size}-{key}"
     path = folder / "tokenizer.json"
     name = f"bpe:{vocab_size}"
-    if path.is_file():
-        try:
-            tok = _from_file(path, {"eos_token": BPE_EOS}, name)
-        except ConfigError as e:
-            logger.warning("cached tokenizer %s is unreadable (%s); training it again", path, e)
-        else:
-            if tok.vocab_size <= vocab_size and tok.eos_id is not None:
-                logger.info("tokenizer %s: reusing %s", name, path)
+    tok = _cached_bpe(path, vocab_size)
+    if tok is None:
+        folder.mkdir(parents=True, exist_ok=True)
+        with build_lock(path):
+            tok = _cached_bpe(path, vocab_size)  # trained while we waited?
+            if tok is None:
+                logger.info("tokenizer %s: training on the job's documents", name)
+                tok = train_bpe(documents(), vocab_size)
+                write_atomic(path, tok.backend.to_str().encode("utf-8"))
                 return tok
-            logger.warning("cached tokenizer %s does not match %s; training it again", path, name)
-    logger.info("tokenizer %s: training on the job's documents", name)
-    tok = train_bpe(documents(), vocab_size)
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tokenizer.", suffix=".tmp")
+    logger.info("tokenizer %s: reusing %s", name, path)
+    return tok
+
+
+def _cached_bpe(path: Path, vocab_size: int) -> HFTokenizer | None:
+    """The ``bpe:N`` tokenizer cached at ``path``, or None when absent or unusable (then retrained)."""
+    if not path.is_file():
+        return None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(tok.backend.to_str())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        tok = _from_file(path, {"eos_token": BPE_EOS}, f"bpe:{vocab_size}")
+    except ConfigError as e:
+        logger.warning("cached tokenizer %s is unreadable (%s); training it again", path, e)
+        return None
+    if tok.vocab_size > vocab_size or tok.eos_id is None:
+        logger.warning("cached tokenizer %s does not match bpe:%d; training it again", path, vocab_size)
+        return None
     return tok
 
 

@@ -158,3 +158,30 @@ def test_progress_is_logged_when_stderr_is_not_a_terminal(
             ram_budget_bytes=8192,
         )
     assert "bytes read" in caplog.text and "token cache:" in caplog.text
+
+
+def test_processes_sharing_a_cache_build_it_once(corpus: Path, tmp_path: Path) -> None:
+    import threading
+
+    source = open_source("jsonl", str(corpus))
+    tok = ByteTokenizer()
+    folder = tmp_path / "shared"
+    results: list[object] = []
+    errors: list[BaseException] = []
+
+    def build() -> None:
+        try:
+            results.append(build_token_cache(open_source("jsonl", str(corpus)), tok, cache_dir=folder))
+        except BaseException as e:  # surfaced below; a thread's exception is otherwise lost
+            errors.append(e)
+
+    threads = [threading.Thread(target=build) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and len(results) == 3
+    reused = sorted(r.reused for r in results)  # type: ignore[attr-defined]
+    assert reused == [False, True, True]  # one built it; the others waited on the lock and reused it
+    assert len({r.digest for r in results}) == 1  # type: ignore[attr-defined]
+    assert source.digest == results[0].source_digest  # type: ignore[attr-defined]
