@@ -237,6 +237,7 @@ def test_meta_profile_of_a_1b_config_allocates_nothing(tmp_path: Path) -> None:
         num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=4096, tie_word_embeddings=True,
     )
     model = HFModel.from_config(path, seed=SEED, device="meta", seq_len=256)
+    assert [g.name for g in model.tied_groups] == ["embedding"]
     block = model.build_block(1, SEED)
     assert all(p.is_meta for p in block.parameters())
     profile = layer_profile(model, sample_input=torch.zeros(1, 256, dtype=torch.long))
