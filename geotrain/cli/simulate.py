@@ -57,8 +57,12 @@ def _run(args: argparse.Namespace) -> int:
     t.add_column("figure")
     t.add_column("value", justify="right")
     for k, v in out["summary"].items():
+        if k == "warnings":
+            continue
         t.add_row(k, f"{v:,.4g}" if isinstance(v, float) and math.isfinite(v) else str(v))
     Console().print(t)
+    for w in out["summary"]["warnings"]:
+        Console(stderr=True).print(f"warning: {w}")
     return 0
 
 
@@ -74,6 +78,10 @@ def _plot(timeline: list[dict[str, Any]], path: str) -> None:
     a.set_ylabel("tokens/s")
     b.plot(hours, [r["usd_per_hour"] for r in timeline], color="tab:red")
     b.set_ylabel("USD/hour")
+    # absolute axes from zero: an offset axis made a 0.006 USD/hour change look like a crash
+    for ax in (a, b):
+        ax.ticklabel_format(axis="y", useOffset=False, style="plain")
+        ax.set_ylim(bottom=0)
     b.set_xlabel("hours")
     fig.tight_layout()
     fig.savefig(path)

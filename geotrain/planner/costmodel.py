@@ -20,9 +20,11 @@ the intra-region codec (``job.sync_intra_codec``, the runtime's
 
 **Hop** :math:`s \to s+1`: activations go forward, their gradients (same size)
 come back, each :math:`A_{p,s} = m\,x_{b_s-1}/\kappa_a` bytes (:math:`\kappa_a = 1`
-on a hop inside one region: the coordinator sends those uncompressed), so the link is
-busy :math:`D_{p,s} = 2A_{p,s}/\beta` per microbatch (the conservative
-shared-link bound of FACTS.md; send threads overlap it with compute).
+on a hop inside one region: the coordinator sends those uncompressed), so the hop is
+busy :math:`D_{p,s} = A_{p,s}/\beta_{q,r} + A_{p,s}/\beta_{r,q}` per microbatch for
+:math:`q = q_{p,s}, r = q_{p,s+1}` (links are directional; on a symmetric link
+this is FACTS.md's conservative shared-link bound :math:`2A/\beta`; send threads
+overlap it with compute).
 
 **1F1B inner step** of pipeline :math:`p`: the first microbatch crosses every
 stage and hop forward and back (fill + drain), each later one leaves one
@@ -81,8 +83,12 @@ shows; otherwise all of :math:`Y` does. The effective inner step is
 activations saved for backward for the microbatches in flight, which in 1F1B
 is :math:`\min(M, S-s)` at stage :math:`s`, each
 :math:`m \sum_l 17\,x_{l-1}` bytes (17 values per hidden unit per token: the
-Korthikanti et al. count for a block without recomputation). This undercounts
-the head's logits; keep headroom.
+Korthikanti et al. count for a block without recomputation). With
+``model.activation_checkpointing`` a stage keeps only each layer's input,
+:math:`m \sum_l x_{l-1}` per microbatch in flight, plus one layer's full
+:math:`17\,m\,x` while it recomputes, and every layer costs
+:math:`\frac{4}{3} f_l` (the forward runs twice). :math:`d` is
+``model.dtype_bytes``. This undercounts the head's logits; keep headroom.
 
 **Money**. USD/hour = the prices of the peers in the plan (spares are not
 billed: they are released or kept by their owners) + egress: bytes per step
@@ -108,6 +114,7 @@ from geotrain.planner.scenario import Link, Scenario
 
 ACTIVATION_SAVE_FACTOR = 17.0
 OPTIMIZER_STATE_BYTES_PER_PARAM = 16.0  # AdamW m, v (fp32) + DiLoCo anchor + outer momentum (fp32)
+RECOMPUTE_FLOPS_FACTOR = 4.0 / 3.0  # activation checkpointing: forward (1/3 of fwd + bwd) runs twice
 
 
 @dataclass(frozen=True)
@@ -185,14 +192,20 @@ class CostModel:
         # to their leader with the intra codec
         self.sync_bytes_per_elem = encoded_bytes_per_element(job.sync_codec, 4)
         self.intra_bytes_per_elem = encoded_bytes_per_element(job.sync_intra_codec, 4)
+        self.checkpointing = model.activation_checkpointing
+        # recomputing activations in backward costs one more forward: a third of forward + backward
+        recompute = RECOMPUTE_FLOPS_FACTOR if self.checkpointing else 1.0
         self.flops = [0.0]
         self.params = [0.0]
-        self.saved = [0.0]  # activation bytes per token kept for backward, prefix sums
+        self.saved = [0.0]  # activation bytes per token kept for backward per microbatch in flight, prefix sums
+        # with checkpointing, one layer's full activations live at a time on top (one microbatch)
+        self.working = 0.0
         for i, lp in enumerate(prof):
-            self.flops.append(self.flops[-1] + lp.flops_per_token)
+            self.flops.append(self.flops[-1] + lp.flops_per_token * recompute)
             self.params.append(self.params[-1] + lp.param_bytes)
             inp = prof[i - 1].activation_bytes_per_token if i > 0 else 0
-            self.saved.append(self.saved[-1] + ACTIVATION_SAVE_FACTOR * inp)
+            self.saved.append(self.saved[-1] + (inp if self.checkpointing else ACTIVATION_SAVE_FACTOR * inp))
+            self.working = max(self.working, ACTIVATION_SAVE_FACTOR * inp if self.checkpointing else 0.0)
         self.act = [lp.activation_bytes_per_token for lp in prof]
         self.tied = float(model.tied_param_bytes)
         self.region_of = {p.id: p.region for p in scenario.peers}
@@ -205,7 +218,7 @@ class CostModel:
         """Bytes a peer needs to train layers ``[start, end)`` as stage ``stage`` of ``stages``."""
         n_params = (self.params[end] - self.params[start]) / self.d
         in_flight = min(self.M, stages - stage)
-        saved = in_flight * self.m * (self.saved[end] - self.saved[start])
+        saved = in_flight * self.m * (self.saved[end] - self.saved[start]) + self.m * self.working
         return n_params * (2 * self.d + OPTIMIZER_STATE_BYTES_PER_PARAM) + saved
 
     def stage_compute_s(self, start: int, end: int, flops: float) -> float:
@@ -295,8 +308,11 @@ class CostModel:
                     nxt = pipe[si + 1].peer
                     ln = sc.link(st.peer, nxt)
                     assert ln is not None
+                    back = sc.link(nxt, st.peer)
+                    assert back is not None
                     a = m * self.act[b0 - 1] / self.hop_ratio(st.peer, nxt)
-                    busy = 2.0 * a / ln.bytes_per_s
+                    # activations go a -> b, their gradients b -> a (one link each way)
+                    busy = a / ln.bytes_per_s + a / back.bytes_per_s
                     hops.append(busy + ln.rtt_s)
                     if busy > worst:
                         worst, what = busy, f"link {st.peer}->{nxt}"

@@ -104,18 +104,25 @@ def uneven_swarm(seed: int = 0, *, peers: int = 64, cities: int = 10, stages: in
             "links": _links(names), "peers": ps, "model": dict(GPT3_XL), "job": job}
 
 
-def new_user_swarm() -> dict[str, Any]:
+DATASHEET_FP32_TFLOPS = {"a100": 19.5, "4090": 82.6, "h100": 67.0}  # what a new user copies from spec sheets
+
+
+def new_user_swarm(*, tflops: dict[str, float] | None = None) -> dict[str, Any]:
     """16 A100-80GB in us-east (virginia), 4 RTX 4090 24 GB at home in Germany, one H100 in Singapore; 1.3B model.
 
     The swarm of issue 20's bug reports. The 4090s sit behind home links (modelled as the
-    Frankfurt region's, no egress price) and cost nothing per hour.
+    Frankfurt region's, no egress price) and cost nothing per hour. ``tflops`` replaces the
+    sustained rates by kind (``a100``, ``4090``, ``h100``): :data:`DATASHEET_FP32_TFLOPS` is
+    what a user typing spec-sheet figures gets, where a 4090 looks four times an A100.
     """
+    speed = {"a100": 110.0, "4090": 55.0, "h100": 300.0, **(tflops or {})}
     names = ["virginia", "frankfurt", "singapore"]
-    peers = [{"id": f"a100-{i:02d}", "region": "virginia", "tflops": 110.0, "memory_gb": 80.0, "usd_per_hour": 5.12}
-             for i in range(16)]
-    peers += [{"id": f"4090-{i}", "region": "frankfurt", "tflops": 55.0, "memory_gb": 24.0, "usd_per_hour": 0.0}
-              for i in range(4)]
-    peers.append({"id": "h100-sg", "region": "singapore", "tflops": 300.0, "memory_gb": 80.0, "usd_per_hour": 7.0})
+    peers = [{"id": f"a100-{i:02d}", "region": "virginia", "tflops": speed["a100"], "memory_gb": 80.0,
+              "usd_per_hour": 5.12} for i in range(16)]
+    peers += [{"id": f"4090-{i}", "region": "frankfurt", "tflops": speed["4090"], "memory_gb": 24.0,
+               "usd_per_hour": 0.0} for i in range(4)]
+    peers.append({"id": "h100-sg", "region": "singapore", "tflops": speed["h100"], "memory_gb": 80.0,
+                  "usd_per_hour": 7.0})
     regions = _regions(names)
     regions["frankfurt"] = {"egress_usd_per_gb": 0.0}
     return {"name": "16 A100 us-east + 4 RTX 4090 Germany + 1 H100 Singapore", "regions": regions,

@@ -14,6 +14,10 @@ The JSON format is documented in ``docs/scenario.md``::
 
 Words: a *link* joins two regions (``a == b`` is the link between two peers of
 one region) or two peers (a measured pair; it overrides the regions' link).
+A link is *directional*: its bandwidth is what ``a`` can send to ``b``. One
+entry holds both ways; listing the reverse (``b`` to ``a``) as well gives that
+direction its own figures (a home line with a 200 Mbit/s uplink and 1 Gbit/s
+downlink is two entries).
 ``tflops`` is the peer's sustained training speed (measured, not the data-sheet
 peak). ``bandwidth_gbps`` is Gbit/s, one direction.
 """
@@ -108,6 +112,9 @@ class ModelSpec:
     # gradient bytes of weights shared by the first and last layer (tied embeddings): when they land on
     # different peers, the two exchange and sum these gradients at the end of every inner step
     tied_param_bytes: int = 0
+    # recompute each block's activations in backward: a stage keeps only each layer's input per
+    # microbatch in flight (plus one layer's working set), and pays one more forward (4/3 the FLOPs)
+    activation_checkpointing: bool = False
 
     def __post_init__(self) -> None:
         if len(self.profile) < 1:
@@ -180,6 +187,7 @@ class Scenario:
         overlap = set(self._peer) & set(self.regions)
         if overlap:
             raise ScenarioError(f"names used both as peer id and region: {sorted(overlap)}; rename one")
+        explicit: dict[tuple[str, str], int] = {}
         for i, ln in enumerate(self.links):
             kinds = {"region" if x in self.regions else "peer" if x in self._peer else "?" for x in (ln.a, ln.b)}
             if "?" in kinds:
@@ -189,14 +197,23 @@ class Scenario:
                 raise ScenarioError(f"links[{i}]: a and b must both be regions or both be peer ids")
             if ln.a == ln.b and ln.a in self._peer:
                 raise ScenarioError(f"links[{i}]: a peer has no link to itself; drop it")
+            if (ln.a, ln.b) in explicit:
+                raise ScenarioError(f"links[{i}] repeats links[{explicit[(ln.a, ln.b)]}] ({ln.a} -> {ln.b}); "
+                                    "drop one (a link's reverse direction is written with a and b swapped)")
+            explicit[(ln.a, ln.b)] = i
             if ln.a in self._peer:
                 object.__setattr__(self, "_has_peer_links", True)
-                self._overrides.setdefault(ln.a, {})[ln.b] = ln
-                self._overrides.setdefault(ln.b, {})[ln.a] = ln
                 if ln.usd_per_gb is not None:
                     raise ScenarioError(f"links[{i}]: usd_per_gb belongs on region links; drop it here")
-            self._index[(ln.a, ln.b)] = ln
-            self._index[(ln.b, ln.a)] = ln
+        # a link holds both ways unless the reverse direction is listed too: then each holds for its own
+        for (a, b), i in explicit.items():
+            ln = self.links[i]
+            self._index[(a, b)] = ln
+            if (b, a) not in explicit:
+                self._index[(b, a)] = ln
+        for (a, b), ln in self._index.items():
+            if a in self._peer:
+                self._overrides.setdefault(a, {})[b] = ln
 
     # -- lookups ---------------------------------------------------------------------------------
     def peer(self, peer_id: str) -> Peer:
@@ -206,7 +223,11 @@ class Scenario:
             raise ScenarioError(f"unknown peer id {peer_id!r}") from None
 
     def link(self, a: str, b: str) -> Link | None:
-        """The link between peers ``a`` and ``b``: a peer-pair override, else their regions' link."""
+        """The link from peer ``a`` to peer ``b`` (bytes sent a -> b): a peer-pair override, else their regions' link.
+
+        Links are directional: ``link(a, b)`` and ``link(b, a)`` differ when the scenario lists both
+        directions (a home uplink slower than its downlink, say).
+        """
         ln = self._index.get((a, b))
         if ln is not None:
             return ln
@@ -279,7 +300,7 @@ def _parse_model(m: Any) -> ModelSpec:
     if not isinstance(m, Mapping):
         raise ScenarioError("model must be an object: {layers, hidden, seq_len, vocab, dtype_bytes} or {profile, seq_len}")
     if "profile" in m:
-        _take(m, "model", {"profile", "seq_len", "dtype_bytes", "tied_param_bytes"})
+        _take(m, "model", {"profile", "seq_len", "dtype_bytes", "tied_param_bytes", "activation_checkpointing"})
         if not isinstance(m["profile"], list) or not m["profile"]:
             raise ScenarioError("model.profile must be a non-empty list of layer objects")
         layers = []
@@ -291,8 +312,10 @@ def _parse_model(m: Any) -> ModelSpec:
                                        activation_bytes_per_token=_num(lp, "activation_bytes_per_token", w, integer=True)))
         return ModelSpec(profile=tuple(layers), seq_len=_num(m, "seq_len", "model", positive=True, integer=True),
                          dtype_bytes=_num(m, "dtype_bytes", "model", default=2, positive=True, integer=True),
-                         tied_param_bytes=_num(m, "tied_param_bytes", "model", default=0, integer=True))
-    _take(m, "model", {"layers", "hidden", "seq_len", "vocab", "dtype_bytes", "name", "tie_embeddings"})
+                         tied_param_bytes=_num(m, "tied_param_bytes", "model", default=0, integer=True),
+                         activation_checkpointing=_flag(m, "activation_checkpointing"))
+    _take(m, "model", {"layers", "hidden", "seq_len", "vocab", "dtype_bytes", "name", "tie_embeddings",
+                       "activation_checkpointing"})
     kw = {k: _num(m, k, "model", positive=True, integer=True) for k in ("layers", "hidden", "seq_len", "vocab")}
     dtype_bytes = _num(m, "dtype_bytes", "model", default=2, positive=True, integer=True)
     try:
@@ -303,7 +326,15 @@ def _parse_model(m: Any) -> ModelSpec:
     if not isinstance(tie, bool):
         raise ScenarioError("model.tie_embeddings must be true or false")
     tied = kw["vocab"] * kw["hidden"] * dtype_bytes if tie else 0
-    return ModelSpec(profile=tuple(profile), seq_len=kw["seq_len"], dtype_bytes=dtype_bytes, tied_param_bytes=tied)
+    return ModelSpec(profile=tuple(profile), seq_len=kw["seq_len"], dtype_bytes=dtype_bytes, tied_param_bytes=tied,
+                     activation_checkpointing=_flag(m, "activation_checkpointing"))
+
+
+def _flag(m: Mapping[str, Any], key: str) -> bool:
+    v = m.get(key, False)
+    if not isinstance(v, bool):
+        raise ScenarioError(f"model.{key} must be true or false; got {v!r}")
+    return v
 
 
 def _parse_job(j: Any) -> Job:

@@ -53,10 +53,10 @@ def column_key(cm: CostModel, grid: Sequence[Sequence[str]]) -> tuple[tuple[floa
         if s + 1 < S:
             worst = 0.0
             for row in grid:
-                ln = sc.link(row[s], row[s + 1])
-                if ln is None:
+                ln, back = sc.link(row[s], row[s + 1]), sc.link(row[s + 1], row[s])
+                if ln is None or back is None:
                     return None
-                worst = max(worst, 2.0 / (ln.bytes_per_s * cm.hop_ratio(row[s], row[s + 1])))
+                worst = max(worst, (1.0 / ln.bytes_per_s + 1.0 / back.bytes_per_s) / cm.hop_ratio(row[s], row[s + 1]))
             kappa.append(worst)
     return tuple(speed), tuple(memory), tuple(kappa)
 

@@ -76,6 +76,7 @@ class Simulation:
         self.stages: int | None = self.sc.job.stages
         self.version = 0
         self.last_replan = -math.inf
+        self._warned_versions: set[int] = set()
         self._alive_at_plan: frozenset[str] = frozenset()
         self._step_cache: dict[tuple[Any, ...], float] = {}
         self.tokens_per_step = self.cm.M * self.cm.m
@@ -187,7 +188,9 @@ class Simulation:
                 self.res.event(now, "replan_skipped", reason=reason)
                 return 0.0
         self.version += 1
-        self.res.replans += 1
+        # the first plan is a plan, not a replan
+        self.res.plans += 1
+        self.res.replans += self.version > 1
         self.stages = self.stages or len(result.pipelines[0])
         pause = self.cfg.replan_s if self.version > 1 else 0.0
         slowest = 0.0
@@ -202,7 +205,8 @@ class Simulation:
                         donors = [q for lr, qs in holders.items() if lr[0] <= st.layers[0] < lr[1] for q in qs]
                         slowest = max(slowest, self._transfer_s(st.peer, st.layers, donors))
         self._set_plan(result.pipelines, now, [now + pause + slowest] * len(result.pipelines))
-        self.res.event(now, "replan", version=self.version, reason=reason, pipelines=len(self.pipelines),
+        self.res.event(now, "replan" if self.version > 1 else "plan", version=self.version, reason=reason,
+                       pipelines=len(self.pipelines),
                        stages=len(self.pipelines[0]), pause_s=round(pause + slowest, 3))
         return pause + slowest
 
@@ -258,8 +262,8 @@ class Simulation:
             self.version, self.stages, self.last_replan = 1, len(self._initial_plan[0]), 0.0
             self._alive_at_plan = frozenset(self.alive)
             self._set_plan(self._initial_plan, 0.0)
-            res.replans += 1
-            res.event(0.0, "replan", version=1, reason="given", pipelines=len(self.pipelines),
+            res.plans += 1
+            res.event(0.0, "plan", version=1, reason="given", pipelines=len(self.pipelines),
                       stages=self.stages, pause_s=0.0)
             t = 0.0
         else:
@@ -297,6 +301,9 @@ class Simulation:
         hide = self.sc.job.hidden_steps
         exposed = max(0.0, round_s - (done_by - t) * hide / H)
         t_end = done_by + exposed
+        self._warn_short_lives(t_end - t)
+        if t_end > end:
+            return self._partial_round(t, end, spans)
         broken: dict[int, float] = {}
         self._apply_events(t_end, broken)
         good = [i for i, (_, e, _) in enumerate(spans) if e <= deadline and (i not in broken or broken[i] > t_end)]
@@ -334,6 +341,63 @@ class Simulation:
         if spare_count >= (self.stages or 1) and t - self.last_replan >= cfg.replan_every_hours * 3600.0:
             return t + self._replan(t, f"{spare_count} spares", optional=True)
         return t
+
+    def _warn_short_lives(self, round_s: float) -> None:
+        """Warn (once per plan) when a round outlasts a pipeline's expected life under the churn given.
+
+        A pipeline of ``k`` peers, each leaving at ``churn_per_hour``, lives ``1 / (k x churn)`` hours
+        on average; a round longer than that is lost more often than not, and the summary's tokens
+        and waste then describe rounds that almost never finish.
+        """
+        churn = self.cfg.churn_per_hour
+        if churn <= 0 or self.version in self._warned_versions or not self.pipelines:
+            return
+        k = max(len(pipe) for pipe in self.pipelines)
+        life_s = 3600.0 / (k * churn)
+        if round_s > life_s:
+            self._warned_versions.add(self.version)
+            msg = (f"a round takes {round_s / 60:.1f} min but a {k}-peer pipeline lives {life_s / 60:.1f} min on "
+                   f"average at churn {churn:g}/h: most rounds will be lost; sync more often (smaller H) or "
+                   "lower the churn")
+            self.res.warn(msg)
+            logger.warning("%s", msg)
+
+    def _partial_round(self, t: float, end: float, spans: Sequence[tuple[float, float, float]]) -> float:
+        """The round that the run's end cuts: the inner steps done by ``end`` count as a partial round.
+
+        Their tokens count, pro rata for the step in progress (the steps ran; their round had not
+        committed yet), money is billed to
+        ``end``, and the round is counted in ``partial_rounds``, not ``rounds``.
+        """
+        res, pred = self.res, self.pred
+        assert pred is not None
+        broken: dict[int, float] = {}
+        self._apply_events(end, broken)
+        tokens = wasted = steps_done = 0.0
+        for i, (s0, _e, step) in enumerate(spans):
+            stop = min(end, broken.get(i, end))
+            # pro rata: a step's microbatches finish one after another through it
+            steps = min(float(self.H), max(0.0, (stop - s0) / step))
+            if i in broken:
+                wasted += steps * self.tokens_per_step
+            else:
+                tokens += steps * self.tokens_per_step
+                res.busy_peer_s += steps * step * len(self.pipelines[i]) * self._utilisation(i, step)
+            steps_done += steps
+        dt = end - t
+        billed = sum(self.sc.peer(st.peer).usd_per_hour for pipe in self.pipelines for st in pipe)
+        usd = billed * dt / 3600.0
+        per_pipe = steps_done / max(1, len(self.pipelines))
+        for key, per_step in pred.bytes_per_region_pair.items():
+            # activations flow with the steps done; the round's own bytes never left
+            nbytes = per_step * per_pipe
+            res.bytes_per_region_pair[key] = res.bytes_per_region_pair.get(key, 0.0) + nbytes
+            usd += nbytes * self.sc.egress_usd_per_gb(*key) / 1e9
+        res.billed_peer_s += sum(len(p) for p in self.pipelines) * dt
+        res.add_round(t, end, tokens=tokens, wasted=wasted, usd=usd, alive=len(self.alive),
+                      in_plan=sum(len(p) for p in self.pipelines), pipelines=len(self.pipelines),
+                      version=self.version, partial=True)
+        return end
 
     def _round_s(self, pred: Prediction) -> float:
         """Seconds one round takes: the cost model's all-reduce plus the fixed per-round overhead.

@@ -29,7 +29,11 @@ class SimResult:
     billed_peer_s: float = 0.0
     idle_s: float = 0.0
     rounds: int = 0
-    replans: int = 0
+    partial_rounds: int = 0  # rounds the run's end cut: their inner steps count, their sync never ran
+    full_round_s: float = 0.0  # simulated seconds spent in rounds that finished
+    plans: int = 0  # plans adopted, the first one included
+    replans: int = 0  # plans adopted after the first
+    warnings: list[str] = field(default_factory=list)
     repairs: int = 0
     departures: int = 0
     joins: int = 0
@@ -42,9 +46,16 @@ class SimResult:
         if len(self.events) < self.config.max_events:
             self.events.append({"t_h": round(t / 3600.0, 4), "event": kind, **data})
 
+    def warn(self, message: str) -> None:
+        self.warnings.append(message)
+
     def add_round(self, t0: float, t1: float, *, tokens: float, wasted: float, usd: float, alive: int, in_plan: int,
-                  pipelines: int, version: int) -> None:
-        self.rounds += 1
+                  pipelines: int, version: int, partial: bool = False) -> None:
+        if partial:
+            self.partial_rounds += 1
+        else:
+            self.rounds += 1
+            self.full_round_s += t1 - t0
         self.tokens += tokens
         self.wasted_tokens += wasted
         self.usd += usd
@@ -97,6 +108,8 @@ class SimResult:
             "utilisation": self.utilisation,
             "cross_region_bytes": cross,
             "rounds": self.rounds,
+            "partial_rounds": self.partial_rounds,
+            "plans": self.plans,
             "replans": self.replans,
             "repairs": self.repairs,
             "departures": self.departures,
@@ -104,6 +117,7 @@ class SimResult:
             "missed_deadlines": self.missed_deadlines,
             "idle_s": self.idle_s,
             "events": self.events_total,
+            "warnings": list(self.warnings),
         }
 
     def to_json(self) -> dict[str, Any]:

@@ -29,7 +29,7 @@ def test_without_churn_goodput_is_the_cost_model():
     predicted = plan(sc, baselines=False).predicted
     res = simulate(sc, SimConfig(hours=2, straggler_sigma=0.0, exact_pipelines=False))
     assert res.goodput_tokens_per_s == pytest.approx(predicted.tokens_per_s, rel=0.02)
-    assert res.wasted_tokens == 0 and res.replans == 1 and res.departures == 0
+    assert res.wasted_tokens == 0 and res.plans == 1 and res.replans == 0 and res.departures == 0
     # money: every planned peer billed for the whole run, plus the predicted egress
     hours = res.seconds / 3600
     assert res.usd == pytest.approx(predicted.usd_per_hour * hours, rel=0.02)
@@ -81,10 +81,35 @@ def test_given_plan_and_step_overhead():
     first = chosen.pipelines[:1]  # one pipeline of the planner's: a plan the planner would not pick itself
     cfg = dict(hours=1, straggler_sigma=0.0, exact_pipelines=False)
     base = simulate(sc, SimConfig(**cfg), initial_plan=first)
-    assert base.replans == 1 and base.summary()["events"] >= 1
+    assert base.plans == 1 and base.replans == 0 and base.summary()["events"] >= 1
     step = sc.job.micro_batches * sc.job.micro_batch * sc.model.seq_len / base.goodput_tokens_per_s
     slow = simulate(sc, SimConfig(**cfg, step_overhead_s=step), initial_plan=first)
     # without overlap-free rounds dominating, the step time about doubles; the round's exposed sync stays
     assert slow.goodput_tokens_per_s < base.goodput_tokens_per_s * 0.6
     with pytest.raises(ValueError, match="step_overhead_s"):
         SimConfig(step_overhead_s=-1.0)
+
+
+def test_hours_stop_the_run_with_a_partial_round():
+    sc = _swarm()
+    pred = plan(sc, baselines=False).predicted
+    round_s = sc.job.sync_every * pred.step_s
+    hours = 2.5 * round_s / 3600  # two rounds and half of a third
+    res = simulate(sc, SimConfig(hours=hours, straggler_sigma=0.0, exact_pipelines=False))
+    s = res.summary()
+    assert s["hours"] == pytest.approx(hours, rel=1e-12)
+    assert s["rounds"] == 2 and s["partial_rounds"] == 1
+    assert res.tokens == pytest.approx(pred.tokens_per_s * hours * 3600, rel=0.02)
+    assert s["plans"] == 1 and s["replans"] == 0 and s["warnings"] == []
+
+
+def test_a_round_longer_than_a_pipeline_lives_warns():
+    sc = _swarm()
+    pred = plan(sc, baselines=False).predicted
+    round_h = sc.job.sync_every * pred.step_s / 3600
+    k = max(len(p) for p in plan(sc, baselines=False).pipelines)
+    churn = 3.0 / (k * round_h)  # a pipeline lives a third of a round on average
+    res = simulate(sc, SimConfig(hours=4 * round_h, churn_per_hour=churn, seed=1))
+    assert res.warnings and "lives" in res.warnings[0]
+    calm = simulate(sc, SimConfig(hours=4 * round_h, churn_per_hour=churn / 100, seed=1))
+    assert calm.warnings == []

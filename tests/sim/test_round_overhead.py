@@ -30,7 +30,7 @@ def _round_s(sc: Scenario, pipes: Any, overhead: float) -> float:
     res = simulate(sc, SimConfig(hours=0.5, straggler_sigma=0.0, exact_pipelines=False, round_overhead_s=overhead),
                    initial_plan=pipes)
     assert res.rounds > 1 and res.wasted_tokens == 0
-    return res.seconds / res.rounds
+    return res.full_round_s / res.rounds
 
 
 def _setup(overlap: bool, tau: int | None = None) -> tuple[Scenario, Any, float, float]:
