@@ -206,6 +206,7 @@ SOURCE_KINDS: tuple[str, ...] = ("stdlib", "text", "jsonl", "parquet", "hf_disk"
 PIECE_BYTES = 1 << 20  # largest piece of a text document handed to the tokenizer at once
 _SUFFIXES = {"text": (".txt",), "jsonl": (".jsonl",), "parquet": (".parquet",)}
 _HASH_BLOCK = 1 << 20
+_BYTE_BUDGETED = ("stdlib", "text", "jsonl")  # kinds whose budget counts file bytes, read in file order
 _BATCH_ROWS = 256
 
 
@@ -338,8 +339,11 @@ class DocumentSource:
 
     ``digest``: sha256 of the read settings (kind, text field, split, bad-text policy, byte
     budget) and of every input file's relative name, size and content, computed streaming; peers
-    holding the same data under different directories get the same digest. ``max_bytes``: reading
-    stops after the line or row that brings the raw bytes read to the budget.
+    holding the same data under different directories get the same digest. For the line-read
+    kinds (stdlib, text, jsonl) the files that start past the byte budget are never read and are
+    left out, so a huge directory read under a small budget is not hashed whole.
+    ``max_bytes``: reading stops after the line or row that brings the raw bytes read to the
+    budget (file bytes for the line-read kinds, text bytes for parquet and hf_disk).
     """
 
     def __init__(
@@ -388,7 +392,11 @@ class DocumentSource:
                 "max_bytes": self.max_bytes,
             }
             h.update(json.dumps(settings, sort_keys=True).encode() + b"\0")
+            offset = 0
             for f in self.files:
+                if self.kind in _BYTE_BUDGETED and self.max_bytes is not None and offset >= self.max_bytes:
+                    break  # this file and the ones after it are never read: they cannot change the tokens
+                offset += f.size
                 fh = hashlib.sha256()
                 with open(f.path, "rb") as fp:
                     while block := fp.read(_HASH_BLOCK):

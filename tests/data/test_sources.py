@@ -260,3 +260,13 @@ def test_config_validation_of_the_new_fields() -> None:
     assert not DataConfig(source="text", path="*.txt").is_byte_default
     assert not DataConfig(source="jsonl", path="a").is_byte_default
     json.dumps(DataConfig().__dict__)  # plain values only: the config travels in the job record
+
+
+def test_digest_leaves_out_files_past_the_byte_budget(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "a.jsonl", TEXTS[:20])
+    size = (tmp_path / "a.jsonl").stat().st_size
+    before = open_source("jsonl", str(tmp_path), max_bytes=size).digest
+    write_jsonl(tmp_path / "b.jsonl", TEXTS[20:])  # sorts after a.jsonl, starts past the budget
+    assert open_source("jsonl", str(tmp_path), max_bytes=size).digest == before
+    assert open_source("jsonl", str(tmp_path), max_bytes=size + 1).digest != before  # now b.jsonl is read
+    assert docs("jsonl", tmp_path, max_bytes=size) == TEXTS[:20]
