@@ -1,9 +1,12 @@
 """``geotrain demo``: a whole region-spanning job on this machine, ending with a report.
 
 Starts a bootstrap DHT node and ``--peers`` peers spread over three emulated
-regions (child processes on loopback), runs a small GPT job on the embedded
-corpus (the Python standard library's source, byte-level) and prints the
-report's path and a summary table. Links between regions are emulated in the
+regions (child processes on loopback), trains a tiny Llama (a ``transformers``
+model built from a local config) with a byte-level BPE tokenizer trained on the
+embedded corpus (the Python standard library's source), prints the report's
+path and a summary table, and exports the final model as a directory plain
+``transformers`` loads (``<report dir>/export``). ``--model gpt`` trains the
+reference byte-level GPT instead. Links between regions are emulated in the
 transport (one-way delay and bandwidth per region pair, from the demo
 scenario); inside a region they are plain loopback. Every child is stopped on
 exit or Ctrl-C.
@@ -42,11 +45,28 @@ REGIONS = ("us-east", "eu-west", "ap-south")
 PRICES = {"us-east": 2.0, "eu-west": 2.2, "ap-south": 1.4}
 
 
-def demo_job(*, steps: int, peers: int, preset: str) -> dict[str, Any]:
+#: The demo's Llama: four decoder layers of width 48 (about the reference "tiny" GPT's compute per token).
+DEMO_LLAMA: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 48, "intermediate_size": 128,
+    "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
+    "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu", "initializer_range": 0.02,
+    "tie_word_embeddings": False, "vocab_size": 1024,
+}
+
+
+def demo_job(*, steps: int, peers: int, preset: str, model: str = "gpt", hf_config: str | None = None) -> dict[str, Any]:
+    """The demo's job: the reference GPT ``preset`` on byte tokens, or (``model="llama"``) the Llama whose
+    config is at ``hf_config`` with a BPE of 1024 tokens trained on the embedded corpus."""
+    if model == "llama":
+        assert hf_config is not None
+        model_section: dict[str, Any] = {"hf_config": hf_config, "seq_len": 64}
+        data: dict[str, Any] = {"source": "stdlib", "max_bytes": 2 << 20, "tokenizer": "bpe:1024"}
+    else:
+        model_section, data = {"preset": preset}, {"source": "stdlib", "max_bytes": 2 << 20}
     return {
         "job": {"name": "demo", "seed": 0},
-        "model": {"preset": preset},
-        "data": {"source": "stdlib", "max_bytes": 2 << 20},
+        "model": model_section,
+        "data": data,
         # every peer trains (the planner still places them and cuts the stages): with 6 peers sharing a few
         # cores, benchmarked compute flatters one pipeline and the planner sometimes picks it alone
         "pipeline": {"stages": 2, "pipelines": max(1, peers // 2), "micro_batch_size": 8, "microbatches": 2,
@@ -57,15 +77,17 @@ def demo_job(*, steps: int, peers: int, preset: str) -> dict[str, Any]:
         "stop": {"steps": steps},
         "swarm": {"min_peers": peers, "wait_peers_s": 180.0, "hop_timeout_s": 30.0, "round_timeout_s": 30.0,
                   "heartbeat_s": 2.0},
-        "report": {"dir": "runs", "eval_every": 20, "eval_batches": 8},
+        "report": {"dir": "runs", "eval_every": 20, "eval_batches": 8, "export": model == "llama"},
     }
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="run a 3-region job on this machine and report", description=__doc__)
     p.add_argument("--peers", type=int, default=6, help="peers to start (default 6, spread over 3 regions)")
-    p.add_argument("--steps", type=int, default=60, help="inner steps to train (default 60)")
-    p.add_argument("--preset", default="tiny", help="model preset (default tiny; small is slower)")
+    p.add_argument("--steps", type=int, default=120, help="inner steps to train (default 120)")
+    p.add_argument("--model", choices=("llama", "gpt"), default="llama",
+                   help="llama (default): a tiny transformers Llama with a BPE tokenizer; gpt: the byte-level GPT")
+    p.add_argument("--preset", default="tiny", help="with --model gpt: the GPT preset (default tiny; small is slower)")
     p.add_argument("--report-dir", default=None, help="where the report goes (default runs/demo-<time>)")
     p.add_argument("--json", action="store_true", help="JSON lines instead of the live view")
     p.add_argument("--no-emulation", action="store_true", help="plain loopback between regions")
@@ -89,10 +111,14 @@ def _run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     say = (lambda e: print(json.dumps(e, default=str), flush=True)) if args.json else (lambda e: None)
-    job = job_from_dict(demo_job(steps=args.steps, peers=args.peers, preset=args.preset))
     job_id = f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
     report_dir = Path(args.report_dir) if args.report_dir else Path("runs") / job_id
     with tempfile.TemporaryDirectory(prefix="geotrain-demo-") as tmp, ChildGroup() as children:
+        llama = Path(tmp) / "llama"
+        llama.mkdir()
+        (llama / "config.json").write_text(json.dumps(DEMO_LLAMA))  # the job record carries it to the peers
+        job = job_from_dict(demo_job(steps=args.steps, peers=args.peers, preset=args.preset, model=args.model,
+                                     hf_config=str(llama)))
         scenario = Path(tmp) / "scenario.json"
         scenario.write_text(json.dumps(DEMO_SCENARIO))
         if not args.json:
@@ -125,4 +151,6 @@ def _run(args: argparse.Namespace) -> int:
     else:
         print_summary(report)
         print(f"report: {path}  (plots: {', '.join(sorted(p.name for p in report_dir.glob('*.png')))})")
+        if (report_dir / "export").is_dir():
+            print(f"model: {report_dir / 'export'}  (transformers.AutoModelForCausalLM.from_pretrained loads it)")
     return 0
