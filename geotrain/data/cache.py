@@ -156,10 +156,21 @@ def _encode_into(
     """Tokenise ``batch`` and append it, with EOS before each piece that starts a later document."""
     if not batch:
         return
+    parts: list[Any] = []
     for ids, start in zip(tokenizer.encode_batch(batch), starts, strict=True):
         if start and eos is not None:
-            writer.add([eos])
-        writer.add(ids)
+            parts.append([eos])
+        parts.append(ids)
+    try:  # one conversion per batch; numpy refuses ids that do not fit the dtype
+        flat = np.concatenate([np.asarray(p, dtype=writer.dtype) for p in parts])
+    except OverflowError:
+        flat = None
+    if flat is None or (flat.size and int(flat.max()) >= tokenizer.vocab_size):
+        raise ConfigError(
+            f"tokenizer {tokenizer.name!r} emits ids beyond its vocab_size {tokenizer.vocab_size}; "
+            "its files are inconsistent"
+        )
+    writer.add(flat)
     batch.clear()
     starts.clear()
 
@@ -178,11 +189,7 @@ class _Writer:
 
     def add(self, ids: Any) -> None:
         arr = np.asarray(ids)
-        if arr.size and (int(arr.min()) < 0 or int(arr.max()) > np.iinfo(self.dtype).max):
-            raise ConfigError(
-                f"token ids out of range for {self.dtype} tokens; the tokenizer's vocab_size is wrong"
-            )
-        arr = arr.astype(self.dtype, copy=False)
+        assert arr.dtype == self.dtype, "callers convert ids to the token dtype"
         pos = 0
         while pos < arr.size:
             n = min(arr.size - pos, self.buf.size - self.fill)

@@ -174,7 +174,9 @@ class HFTokenizer:
             raise ConfigError(f"tokenizer {name!r}: its eos_token {eos!r} is not in its vocabulary")
         if self._eos_id is None:
             logger.warning("tokenizer %s has no EOS token; documents are joined without one", name)
-        self._vocab_size = int(backend.get_vocab_size(with_added_tokens=True))
+        # one past the largest id, not the entry count: a vocabulary with gaps still fits the embedding
+        ids = backend.get_vocab(with_added_tokens=True).values()
+        self._vocab_size = max(ids, default=-1) + 1
         canonical = json.dumps({"tokenizer": backend.to_str(), "special": self.special}, sort_keys=True)
         self._digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 

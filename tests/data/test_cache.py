@@ -185,3 +185,16 @@ def test_processes_sharing_a_cache_build_it_once(corpus: Path, tmp_path: Path) -
     assert reused == [False, True, True]  # one built it; the others waited on the lock and reused it
     assert len({r.digest for r in results}) == 1  # type: ignore[attr-defined]
     assert source.digest == results[0].source_digest  # type: ignore[attr-defined]
+
+
+def test_vocab_size_covers_the_largest_id_of_a_vocabulary_with_gaps(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    backend = Tokenizer(models.WordLevel(vocab={"[UNK]": 0, "</s>": 3, "b": 300}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.save(str(tmp_path / "tokenizer.json"))
+    tok = load_tokenizer(str(tmp_path / "tokenizer.json"))
+    assert tok.vocab_size == 301 and tok.eos_id == 3  # 3 entries, ids up to 300
+    write_jsonl(tmp_path / "d.jsonl", ["b x b", "b"])
+    cache = build_token_cache(open_source("jsonl", str(tmp_path / "d.jsonl")), tok, cache_dir=tmp_path / "t")
+    assert cache.dtype == "uint16" and cache.tokens().tolist() == [300, 0, 300, 3, 300]

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -37,20 +38,25 @@ def test_bpe_training_is_deterministic_in_process_and_across_processes(tmp_path:
     assert len(a.encode(SAMPLE)) < len(SAMPLE.encode())  # merges learnt something
     other = train_bpe(iter(DOCS[:200]), 420)
     assert other.digest != a.digest
-    # a fresh interpreter (other hash seeds, other thread scheduling) trains the same bytes
+    # fresh interpreters (other hash seeds), one single-threaded, one on four threads, train the same bytes
     (tmp_path / "docs.json").write_text(json.dumps(DOCS))
     code = (
         "import json, sys; from geotrain.data import train_bpe; "
         "docs = json.load(open(sys.argv[1])); print(train_bpe(iter(docs), 420).digest)"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path / "docs.json")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    assert out.stdout.strip() == a.digest
+    for env in (
+        {"TOKENIZERS_PARALLELISM": "false"},
+        {"TOKENIZERS_PARALLELISM": "true", "RAYON_NUM_THREADS": "4"},
+    ):
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path / "docs.json")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+            env={**os.environ, **env, "PYTHONHASHSEED": "12345"},
+        )
+        assert out.stdout.strip() == a.digest, env
 
 
 def test_bpe_is_cached_by_source_digest_and_size(cache_root: Path) -> None:
