@@ -72,7 +72,8 @@ def scenario_dict(
         {
             "id": p.peer_id,
             "region": p.region,
-            "tflops": max(p.flops, 1.0) / 1e12,
+            # measured in the job's dtype where the peer measured it (older peers: fp32 only)
+            "tflops": max(p.flops_bf16 if job.model.dtype == "bf16" and p.flops_bf16 else p.flops, 1.0) / 1e12,
             "memory_gb": max(p.memory_bytes, 1) / 1e9,
             "usd_per_hour": p.usd_per_hour,
         }

@@ -112,6 +112,9 @@ class PeerAgent:
         from geotrain.peers.benchmark import BenchmarkConfig, measure_compute
 
         compute = measure_compute(BenchmarkConfig(device=self.config.device, max_seconds=self.config.benchmark_s))
+        # a bf16 job is planned on bf16 speed (tensor cores: several times fp32; a CPU: often slower)
+        bf16 = measure_compute(BenchmarkConfig(device=self.config.device, dtype="bfloat16",
+                                               max_seconds=self.config.benchmark_s))
         # "auto" resolves to what the benchmark found (cuda, else cpu)
         self._device = compute.device_type if self.config.device == "auto" else self.config.device
         started = time.time()
@@ -122,6 +125,7 @@ class PeerAgent:
                 region=self.config.region,
                 device=compute.device[:128],
                 flops=float(compute.flops),
+                flops_bf16=float(bf16.flops),
                 memory_bytes=int(compute.memory_bytes),
                 usd_per_hour=float(self.config.usd_per_hour),
                 endpoint=self.transport.address,

@@ -49,7 +49,8 @@ class _Record(BaseModel):
 class PeerRecord(_Record):
     """What a peer offers: published at start and refreshed by its heartbeat.
 
-    ``flops`` is measured (FLOP/s from a short matmul benchmark), not declared.
+    ``flops`` is measured (FLOP/s from a short fp32 matmul benchmark), not declared; ``flops_bf16``
+    is the same benchmark in bf16 (None from an older peer), what the planner uses for a bf16 job.
     ``endpoint`` is the peer's ZMQ data-plane address ``tcp://host:port``, the one
     others dial; ``dialback://`` for a peer behind NAT, which dials out to the peers
     it exchanges with (never dial such a peer).
@@ -80,6 +81,7 @@ class PeerRecord(_Record):
         default_factory=list
     )
     reachable: bool | None = None
+    flops_bf16: NonNegative | None = None  # the same benchmark in bf16 (what a bf16 job's planner uses)
 
     @field_validator("region")
     @classmethod
@@ -178,7 +180,7 @@ class ProgressRecord(_Record):
 
 
 #: Fields added to a kind after its first release: records without them (older peers) stay valid.
-ADDED_FIELDS: dict[str, tuple[str, ...]] = {"peers": ("endpoints", "reachable")}
+ADDED_FIELDS: dict[str, tuple[str, ...]] = {"peers": ("endpoints", "reachable", "flops_bf16")}
 
 #: The model stored under each kind of key.
 MODEL_OF_KIND: dict[str, type[_Record]] = {
