@@ -270,3 +270,18 @@ def test_digest_leaves_out_files_past_the_byte_budget(tmp_path: Path) -> None:
     assert open_source("jsonl", str(tmp_path), max_bytes=size).digest == before
     assert open_source("jsonl", str(tmp_path), max_bytes=size + 1).digest != before  # now b.jsonl is read
     assert docs("jsonl", tmp_path, max_bytes=size) == TEXTS[:20]
+
+
+def test_saved_dataset_column_problems(tmp_path: Path) -> None:
+    import datasets
+
+    datasets.Dataset.from_dict({"body": ["x"], "n": [1]}).save_to_disk(str(tmp_path / "a"))
+    with pytest.raises(
+        DataError, match=r"has no column 'text' \(data.text_field\); columns are \['body', 'n'\]"
+    ):
+        docs("hf_disk", tmp_path / "a")
+    with pytest.raises(DataError, match="column 'n' is .*not text"):
+        docs("hf_disk", tmp_path / "a", text_field="n")
+    assert docs("hf_disk", tmp_path / "a", text_field="body") == ["x"]
+    with pytest.raises(DataError, match="not a glob"):
+        docs("hf_disk", tmp_path / "*")
