@@ -212,6 +212,7 @@ class CostModel:
         self.flops_of = {p.id: p.flops for p in scenario.peers}
         self.price_of = {p.id: p.usd_per_hour for p in scenario.peers}
         self._leader_cache: dict[tuple[str, ...], tuple[float, float] | None] = {}
+        self.path_cache: dict[tuple[str, ...], list[str]] = {}  # the search's region paths, by region set
 
     # -- pieces used by the search -----------------------------------------------------------
     def stage_memory(self, start: int, end: int, stage: int, stages: int) -> float:

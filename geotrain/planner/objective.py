@@ -6,6 +6,10 @@ An *objective* is one of:
 - ``"cost"``: lowest USD per 1M tokens, where near-ties go to the faster plan:
   10x the tokens/s is worth 2% of the price per token (2x: 0.6%), so a flat
   price curve scales out instead of halving speed to save a rounding error;
+- ``{"cost": s}`` (``cost=0.1``): lowest USD per 1M tokens among the plans at
+  most a fraction ``s`` slower than the fastest plan the search finds
+  (``0 < s < 1``): cheap tokens without giving up more than ``s`` of the speed,
+  and never a degenerate answer such as a free peer alone;
 - ``{"max_usd_per_hour": X}``: most tokens/s while the swarm costs at most X USD/hour;
 - ``{"min_tokens_per_s": Y}``: the cheapest plan (lowest USD/hour) making at least Y tokens/s; of
   plans at the same price per hour the faster wins. (Per 1M tokens, a swarm that scales linearly
@@ -48,6 +52,8 @@ class Objective:
 
     kind: str = "throughput"
     value: float | None = None
+    # ``{"cost": s}`` only, set by the planner once it knows the fastest plan: (1 - s) x its tokens/s
+    floor_tokens_per_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -55,7 +61,10 @@ class Objective:
         constrained = self.kind in ("max_usd_per_hour", "min_tokens_per_s")
         if constrained and (self.value is None or not self.value > 0):
             raise ConfigError(f"objective {self.kind} needs a positive bound, e.g. {{{self.kind!r}: 40}}")
-        if not constrained and self.value is not None:
+        if self.kind == "cost" and self.value is not None and not 0 < self.value < 1:
+            raise ConfigError(f"objective cost takes the slowdown it may give up, 0 < s < 1 (e.g. cost=0.1); "
+                              f"got {self.value}")
+        if not constrained and self.kind != "cost" and self.value is not None:
             raise ConfigError(f"objective {self.kind!r} takes no bound; got {self.value}")
 
     @classmethod
@@ -100,6 +109,8 @@ class Objective:
             return max(0.0, p.usd_per_hour - self.value) / self.value
         if self.kind == "min_tokens_per_s" and self.value is not None:
             return max(0.0, self.value - p.tokens_per_s) / self.value
+        if self.kind == "cost" and self.floor_tokens_per_s:
+            return max(0.0, self.floor_tokens_per_s - p.tokens_per_s) / self.floor_tokens_per_s
         return 0.0
 
     def score(self, p: _Figures) -> float:

@@ -165,9 +165,28 @@ def plan(
     cm = CostModel(scenario)
     _diagnose(scenario, cm)
     ids = sorted(p.id for p in scenario.peers)
+    exact = exhaustive_size(cm, len(ids)) <= exact_limit
+    top: Candidate | None = None
+    if obj.kind == "cost" and obj.value is not None:
+        # a slowdown bound: find the fastest plan first, then the cheapest per token within the bound
+        fast = Scorer(cm, Objective(kind="throughput"))
+        top = exhaustive(fast, ids) if exact else heuristic(fast, ids, seed=seed, time_budget_s=time_budget_s / 3,
+                                                            moves=moves)
+        if top is not None:
+            obj = dataclasses.replace(obj, floor_tokens_per_s=(1.0 - obj.value) * top.prediction.tokens_per_s)
+            scenario = dataclasses.replace(scenario, job=dataclasses.replace(scenario.job, objective=obj))
+            cm = CostModel(scenario)
     score = Scorer(cm, obj)
-    if exhaustive_size(cm, len(ids)) <= exact_limit:
+    if obj.floor_tokens_per_s is not None and top is not None:
+        score(top.grid)  # the fastest plan meets the bound: the incumbent to beat
+    if exact:
         method, found = "exact", exhaustive(score, ids)
+    elif obj.floor_tokens_per_s is not None:
+        method = "heuristic"
+        heuristic(score, ids, seed=seed, time_budget_s=time_budget_s / 3, moves=moves)
+        heuristic(Scorer(cm, Objective(kind="cost"), shared=score), ids, seed=seed, time_budget_s=time_budget_s / 3,
+                  moves=moves)
+        found = score.incumbent
     elif obj.kind in ("max_usd_per_hour", "min_tokens_per_s"):
         # a bound splits the plans in two; the plans near it are found by searching for speed and for
         # price as well (the incumbent is judged by the bound's objective throughout)

@@ -69,6 +69,7 @@ class Scorer:
         self.last_reason = ""
         self.best: Candidate | None = None  # judged by ``target`` (on the root scorer)
         self.infeasible: dict[tuple[int, int], str] = {}  # (stages, pipelines) -> why the last grid failed
+        self._seen: dict[Grid, Candidate | None] = {}
 
     @property
     def incumbent(self) -> Candidate | None:
@@ -90,6 +91,15 @@ class Scorer:
     def __call__(self, grid: Grid) -> Candidate | None:
         self.evaluations += 1
         self._root.evaluations += self is not self._root
+        # the same grid comes back often (orders that agree on a uniform swarm, moves undone): score it once
+        if grid in self._seen:
+            return self._seen[grid]
+        c = self._score(grid)
+        if len(self._seen) < _SEEN_LIMIT:
+            self._seen[grid] = c
+        return c
+
+    def _score(self, grid: Grid) -> Candidate | None:
         key = column_key(self.cm, grid)
         if key is None:
             self._fail(grid, "a pipeline hop joins peers with no link between them")
@@ -120,6 +130,10 @@ class Scorer:
             self._fail(grid, pred)
             return None
         return Candidate(self.objective.score(pred), grid, pipes, pred)
+
+
+_SEEN_LIMIT = 50_000  # grids whose score a Scorer remembers
+_PATIENCE = 200  # sampled moves without a gain before a local search stops
 
 
 def _memory_reason(cm: CostModel, grid: Grid) -> str:
@@ -274,7 +288,13 @@ def _region_path(cm: CostModel, regions: Sequence[str]) -> list[str]:
     rs = sorted(regions)
     if len(rs) <= 2:
         return rs
+    key = tuple(rs)
+    if key not in cm.path_cache:
+        cm.path_cache[key] = _best_path(cm, rs)
+    return list(cm.path_cache[key])
 
+
+def _best_path(cm: CostModel, rs: list[str]) -> list[str]:
     def cost(a: str, b: str) -> float:
         ln = cm.sc.region_link(a, b)
         return math.inf if ln is None else 1e9 / ln.bytes_per_s + ln.rtt_s
@@ -396,7 +416,7 @@ def local_search(score: Scorer, start: Candidate, all_ids: Sequence[str], *, bud
     full = n_cells * (n_cells - 1) // 2 + n_cells * len(spares) <= budget
     spent = 0
     # sampled moves: give up after this many failures in a row (a local optimum, most likely)
-    patience = max(200, 4 * n_cells)
+    patience = max(_PATIENCE, 4 * n_cells) if full or n_cells <= 16 else max(_PATIENCE // 2, n_cells)
     while spent < budget and time.monotonic() < deadline:
         if full:
             # small neighbourhoods: steepest descent (first improvement walks into shallow optima)

@@ -144,3 +144,13 @@ def test_a_plan_never_puts_more_on_a_peer_than_fits():
     for pipe in r.pipelines:
         for si, st in enumerate(pipe):
             assert cm.stage_memory(*st.layers, si, len(pipe)) <= sc.peer(st.peer).memory_bytes
+
+
+def test_cost_with_a_slowdown_bound_keeps_the_speed():
+    sc = Scenario.from_dict(new_user_swarm())
+    fastest = plan(sc, baselines=False).predicted
+    r = plan(sc, objective="cost=0.1", baselines=False)
+    assert r.predicted.tokens_per_s >= 0.9 * fastest.tokens_per_s * (1 - 1e-9)
+    assert r.predicted.usd_per_mtok <= fastest.usd_per_mtok
+    assert r.objective.kind == "cost" and r.objective.value == 0.1
+    assert not r.notes  # not the degenerate free plan

@@ -108,3 +108,12 @@ def test_codec_table_matches_the_compression_library():
         for dtype, nbytes in ((torch.float32, 4), (torch.bfloat16, 2)):
             lib = compression.get_codec(spec).estimate_ratio(1 << 20, dtype)
             assert compression_ratio(spec, nbytes) == pytest.approx(lib, rel=1e-3), (spec, dtype)
+
+
+def test_cost_objective_takes_a_slowdown_bound():
+    from geotrain.errors import ConfigError
+    from geotrain.planner import Objective
+
+    assert Objective.parse("cost=0.1") == Objective(kind="cost", value=0.1)
+    with pytest.raises(ConfigError, match="0 < s < 1"):
+        Objective.parse({"cost": 2})
