@@ -134,6 +134,7 @@ class Scorer:
 
 _SEEN_LIMIT = 50_000  # grids whose score a Scorer remembers
 _PATIENCE = 200  # sampled moves without a gain before a local search stops
+_KICKS = 20  # iterated local search on small swarms: random double swaps, each followed by a descent
 
 
 def _memory_reason(cm: CostModel, grid: Grid) -> str:
@@ -346,6 +347,21 @@ def pack_columns(cm: CostModel, chosen: Sequence[str], S: int, P: int) -> Grid:
     return tuple(tuple(cols[s][p] for s in range(S)) for p in range(P))
 
 
+def pack_speed_columns(cm: CostModel, chosen: Sequence[str], S: int, P: int) -> Grid:
+    """Stage groups of like peers: the fastest P form one column, the next P the next, and so on.
+
+    A stage group runs at its slowest member, so on a mix of devices columns of one kind waste
+    nothing; the split then gives the fast columns more layers. Inside a column peers are
+    ordered by region (along :func:`_region_path`), so pipeline ``p`` takes the same regions'
+    peers where the columns share regions.
+    """
+    peers = cm.sc._peer
+    rank = {r: i for i, r in enumerate(_region_path(cm, sorted({peers[q].region for q in chosen})))}
+    line = sorted(chosen, key=lambda q: (-peers[q].flops, -peers[q].memory_bytes, q))[:S * P]
+    cols = [sorted(line[s * P:(s + 1) * P], key=lambda q: (rank[peers[q].region], q)) for s in range(S)]
+    return tuple(tuple(cols[s][p] for s in range(S)) for p in range(P))
+
+
 def interleave(cm: CostModel, chosen: Sequence[str], S: int, P: int) -> Grid | None:
     """Pipelines that alternate regions stage by stage (row p, stage s from region (p + s) mod k).
 
@@ -535,6 +551,7 @@ def heuristic(score: Scorer, peer_ids: Sequence[str], *, seed: int = 0, time_bud
         by_stages.setdefault(S, []).append(P)
     per_shape: list[Candidate] = []
     best_score, stalled = math.inf, 0
+    mixed_speeds = len({cm.sc._peer[q].flops for q in peer_ids}) > 1
     for S, ps in sorted(by_stages.items()):
         found = False
         # peers that cannot hold a stage of this many go last, so they never block a shape that fits
@@ -544,6 +561,8 @@ def heuristic(score: Scorer, peer_ids: Sequence[str], *, seed: int = 0, time_bud
             starts = [pack(cm, order[:S * P], S, P, by=by) for order in s_orders
                       for by in (("flops", "memory") if small else ("flops",))]
             starts += [pack_columns(cm, order[:S * P], S, P) for order in s_orders[:2]]
+            if mixed_speeds:
+                starts += [pack_speed_columns(cm, order[:S * P], S, P) for order in s_orders[:2]]
             mixed = interleave(cm, s_orders[0][:S * P], S, P)
             if mixed is not None:
                 starts.append(mixed)
@@ -585,7 +604,7 @@ def heuristic(score: Scorer, peer_ids: Sequence[str], *, seed: int = 0, time_bud
     results = []
     for rank, c in enumerate(top):
         c = local_search(score, c, peer_ids, budget=budget, rng=rng, deadline=deadline)
-        for _ in range(6 if small and rank < 3 else 0):  # iterated local search: kick, descend, keep if better
+        for _ in range(_KICKS if small and rank < 3 else 0):  # iterated local search: kick, descend, keep if better
             used = {q for row in c.grid for q in row}
             spares = [q for q in peer_ids if q not in used]
             g, _ = _random_move(*_random_move(c.grid, spares, rng), rng)
