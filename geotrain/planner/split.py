@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from geotrain.planner.costmodel import CostModel, StageAssignment
 
@@ -87,7 +88,7 @@ def sync_terms(cm: CostModel, grid: Sequence[Sequence[str]]) -> tuple[tuple[floa
 
 
 def split_layers(
-    cm: CostModel, key: tuple[tuple[float, ...], ...], cache: dict[object, tuple[int, ...] | None] | None = None
+    cm: CostModel, key: tuple[Any, ...], cache: dict[object, tuple[int, ...] | None] | None = None
 ) -> tuple[int, ...] | None:
     """Stage boundaries ``(b_0, ..., b_{S-1} = L)`` minimising the bottleneck, or None if nothing fits."""
     if cache is not None and key in cache:
