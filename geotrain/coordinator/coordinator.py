@@ -33,14 +33,12 @@ from geotrain.errors import GeotrainError, InfeasiblePlanError, SwarmError
 from geotrain.plan import JobPlan
 from geotrain.swarm import Swarm
 from geotrain.swarm.news import PLAN_NEWS, PROGRESS_NEWS, Contact, NewsWaiter, send_news, serve_news
-from geotrain.swarm.records import JobRecord, PeerRecord, PlanRecord, ProgressRecord
+from geotrain.swarm.records import JobRecord, PeerRecord, PeerStatus, PlanRecord, ProgressRecord
 from geotrain.transport import Transport
 
 logger = logging.getLogger(__name__)
 
 Emit = Callable[[dict[str, Any]], None]
-STALLED = 1.0  # ProgressRecord.stats["status"] of a peer whose step failed, waiting for a new plan
-DONE = 2.0  # ProgressRecord.stats["status"] of a peer that reached the stop step
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -305,9 +303,9 @@ class Coordinator:
             dead = [p for p, t in missing_since.items() if time.monotonic() - t > self.config.replan_grace_s]
             # stalls: alive, but a hop or round failed them and nothing rebuilt their stage (peers only
             # rebuild on a new plan version): without a plan they would wait out their stall timeout and leave
+            stalled_now = self._stalled(progress)
             for pid in plan_peers:
-                pr = progress.get(pid)
-                if pr is not None and pr.plan_version == self.plan.version and pr.stats.get("status") == STALLED:
+                if pid in stalled_now:
                     stalled_since.setdefault(pid, time.monotonic())
                 else:
                     stalled_since.pop(pid, None)
@@ -379,7 +377,7 @@ class Coordinator:
             r.throughput[-1]["tokens_per_s"] = 0.0
         self._emit({"event": "progress", "t_s": round(self._t(), 1), "tokens": tokens,
                     "peers": {pid: {"step": p.step, "loss": p.loss, "round": p.round,
-                                    "status": p.stats.get("status")} for pid, p in r.last_progress.items()}})
+                                    "status": p.status.value} for pid, p in r.last_progress.items()}})
 
     def _maybe_evaluate(self, progress: dict[str, ProgressRecord]) -> None:
         """Every ``report.eval_every`` steps: validation loss of the global model, assembled from the groups."""
@@ -419,13 +417,19 @@ class Coordinator:
         every = self.job.sync.every
         return max(self.plan.start_step, (min(steps) // every) * every if steps else self.plan.start_step)
 
+    def _stalled(self, progress: dict[str, ProgressRecord]) -> set[str]:
+        """The current plan's peers whose progress under this plan version says :attr:`PeerStatus.STALLED`."""
+        assert self.plan is not None
+        return {pid for pid in self.plan.peers if (pr := progress.get(pid)) is not None
+                and pr.plan_version == self.plan.version and pr.status == PeerStatus.STALLED}
+
     def _done(self, progress: dict[str, ProgressRecord]) -> bool:
         assert self.plan is not None
         stop = self.plan.stop_step
         if stop is None:
             return False
         ps = [progress.get(pid) for pid in self.plan.peers]
-        return all(p is not None and p.plan_version == self.plan.version and p.stats.get("status") == DONE for p in ps)
+        return all(p is not None and p.plan_version == self.plan.version and p.status == PeerStatus.DONE for p in ps)
 
     def _stop_reached(self, progress: dict[str, ProgressRecord]) -> bool:
         s = self.job.stop

@@ -10,7 +10,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-STATUS = {0.0: "training", 1.0: "stalled", 2.0: "done", 3.0: "spare"}
+from geotrain.coordinator.metrics import status_name
 
 
 class LiveView:
@@ -81,7 +81,7 @@ class LiveView:
                 str(p.get("step")),
                 str(p.get("round")),
                 "" if loss is None else f"{loss:.3f}",
-                STATUS.get(p.get("status"), "?"),
+                status_name(p.get("status")),
             )
         head = Text.from_markup(
             f"t={self._progress.get('t_s', 0):.0f}s  tokens={self._progress.get('tokens', 0):,}  "

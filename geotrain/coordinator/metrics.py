@@ -11,7 +11,15 @@ import http.server
 import threading
 from typing import Any
 
-_STATUS = {0.0: "training", 1.0: "stalled", 2.0: "done", 3.0: "spare"}
+from geotrain.swarm.records import PeerStatus
+
+
+def status_name(value: Any) -> str:
+    """The name of a peer status as a progress event carries it (a :class:`PeerStatus` value), else "unknown"."""
+    try:
+        return PeerStatus(value).value
+    except ValueError:
+        return "unknown"
 
 
 def _label(value: str) -> str:
@@ -100,6 +108,6 @@ class MetricsServer:
                         lines.append(f'geotrain_peer_{name}{{peer="{_label(pid)}"}} {value}')
             lines.append("# TYPE geotrain_peer_status gauge")
             for pid, info in sorted(peers.items()):
-                status = _STATUS.get(info.get("status"), "unknown")
+                status = status_name(info.get("status"))
                 lines.append(f'geotrain_peer_status{{peer="{_label(pid)}",status="{status}"}} 1')
         return "\n".join(lines) + "\n"

@@ -41,7 +41,7 @@ from geotrain.peers.probe import ProbeConfig, measure_link, serve_probes
 from geotrain.plan import JobPlan
 from geotrain.swarm import Swarm
 from geotrain.swarm.news import PLAN_NEWS, PROGRESS_NEWS, Contact, NewsWaiter, send_news, serve_news
-from geotrain.swarm.records import LinkMeasurement, LinkRow, PeerRecord, ProgressRecord
+from geotrain.swarm.records import LinkMeasurement, LinkRow, PeerRecord, PeerStatus, ProgressRecord
 from geotrain.transport import Message, Transport
 
 logger = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class PeerAgent:
         self._plan: JobPlan | None = None
         self._job: JobSpec | None = None
         self._job_key: tuple[str, str] | None = None  # (publisher, job id) of the parsed job
-        self._status = "idle"
+        self._status = PeerStatus.IDLE
         self._lock = threading.Lock()
         self._latest: tuple[JobSpec, str, JobPlan] | None = None  # newest (job, id, plan) the watcher saw
         self._news = threading.Event()  # set by the watcher when it read the DHT
@@ -320,14 +320,14 @@ class PeerAgent:
                 self._metrics = self._worker.step(step)
                 step += 1
                 self._step_now = step
-                self._status = "training"
+                self._status = PeerStatus.TRAINING
             except GeotrainError as e:
                 # a neighbour died or timed out (or a checkpoint could not be written): wait for the next plan
                 if stalled_since is None:
                     stalled_since = time.monotonic()
                     self._emit({"event": "stalled", "peer_id": self.peer_id, "step": step, "error": str(e)})
                     logger.warning("step %d failed: %s; waiting for a new plan", step, e)
-                    self._status = "stalled"
+                    self._status = PeerStatus.STALLED
                     self._publish_progress(step, self._metrics)
                     self._tell_coordinator()
                 if time.monotonic() - stalled_since > self.config.stall_wait_s:
@@ -356,7 +356,7 @@ class PeerAgent:
         if state is not None:
             self._last_state = state
         if plan.slot_of(self.peer_id) is None:
-            self._status = "spare"
+            self._status = PeerStatus.SPARE
             self._emit({"event": "spare", "peer_id": self.peer_id, "plan_version": plan.version})
             return step
         start = plan.start_step
@@ -377,18 +377,18 @@ class PeerAgent:
         except GeotrainError as e:
             # e.g. a checkpoint that cannot be read: this peer sits the plan out; the coordinator replans
             logger.error("cannot take part in plan v%d: %s", plan.version, e)
-            self._status = "stalled"
+            self._status = PeerStatus.STALLED
             self._emit({"event": "error", "peer_id": self.peer_id, "plan_version": plan.version, "error": str(e)})
             return start
-        self._status = "training"
+        self._status = PeerStatus.TRAINING
         p, s = plan.slot_of(self.peer_id) or (0, 0)
         self._emit({"event": "plan", "peer_id": self.peer_id, "plan_version": plan.version, "slot": [p, s],
                     "layers": list(plan.slot(p, s).layers), "start_step": start})
         return start
 
     def _finish(self, step: int) -> None:
-        if self._status != "done":
-            self._status = "done"
+        if self._status != PeerStatus.DONE:
+            self._status = PeerStatus.DONE
             assert self._worker is not None
             try:
                 self._worker.finish()  # the last round in flight, then the final checkpoint
@@ -412,7 +412,7 @@ class PeerAgent:
             self.swarm.publish_progress(
                 ProgressRecord(peer_id=self.peer_id, job_id=job_id, plan_version=0, step=0, loss=None, tokens=0,
                                round=0, bytes_sent=0, bytes_received=0, updated_at=time.time(),
-                               stats={"status": 4.0})
+                               status=PeerStatus.IDLE)
             )
         except GeotrainError as e:
             logger.info("progress not published: %s", e)
@@ -430,7 +430,7 @@ class PeerAgent:
         if self._plan is None:
             return
         w = self._worker
-        stats: dict[str, float] = {"status": {"training": 0.0, "stalled": 1.0, "done": 2.0, "spare": 3.0}.get(self._status, 4.0)}
+        stats: dict[str, float] = {}
         loss = None
         tokens = 0
         rnd = 0
@@ -471,6 +471,7 @@ class PeerAgent:
                     bytes_received=int(received),
                     updated_at=time.time(),
                     stats=stats,
+                    status=self._status,
                 )
             )
         except GeotrainError as e:

@@ -18,9 +18,10 @@ is 3 heartbeat periods, so a dead peer's record vanishes within that time.
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from enum import Enum
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
 #: Kinds of record, and the DHT key suffix each lives under.
 RECORD_KINDS = ("peers", "links", "job", "plan", "progress")
@@ -159,11 +160,38 @@ class PlanRecord(_Record):
     published_at: Seconds
 
 
+class PeerStatus(str, Enum):  # noqa: UP042 (StrEnum needs Python 3.11; geotrain supports 3.10)
+    """Where a peer stands in the job it follows: the ``status`` of its progress record.
+
+    - ``idle``: following a job whose plan has not placed it yet (a joiner, or a peer between jobs);
+    - ``training``: running inner steps of its stage under the current plan;
+    - ``stalled``: an inner step failed (a neighbour died or timed out); waiting for a newer plan;
+    - ``done``: reached the plan's stop step and wrote its final state;
+    - ``spare``: alive and measured, but the current plan gives it no stage.
+    """
+
+    IDLE = "idle"
+    TRAINING = "training"
+    STALLED = "stalled"
+    DONE = "done"
+    SPARE = "spare"
+
+
+#: The float codes older peers wrote in ``ProgressRecord.stats["status"]``: decoded, never written.
+LEGACY_STATUS_CODES: dict[float, PeerStatus] = {
+    0.0: PeerStatus.TRAINING, 1.0: PeerStatus.STALLED, 2.0: PeerStatus.DONE, 3.0: PeerStatus.SPARE,
+    4.0: PeerStatus.IDLE,
+}
+
+
 class ProgressRecord(_Record):
     """One peer's training progress, republished as it goes.
 
-    ``round`` counts outer steps; ``bytes_sent``/``bytes_received`` are data-plane
-    totals; ``stats`` holds any further numeric figures (utilization, tokens/s, ...).
+    ``status`` is the peer's :class:`PeerStatus`; ``round`` counts outer steps;
+    ``bytes_sent``/``bytes_received`` are data-plane totals; ``stats`` holds any
+    further numeric figures (utilization, tokens/s, ...). A record of an older
+    peer carries its status as a float code in ``stats["status"]`` instead (see
+    :data:`LEGACY_STATUS_CODES`): it decodes to the same typed ``status``.
     """
 
     peer_id: PeerIdStr
@@ -177,10 +205,37 @@ class ProgressRecord(_Record):
     bytes_received: Count
     updated_at: Seconds
     stats: Annotated[dict[str, Finite], Field(max_length=64)] = Field(default_factory=dict)
+    status: PeerStatus = PeerStatus.IDLE
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_status(cls, data: Any) -> Any:
+        """An older peer's record: its status is a float code in ``stats``; move it to the typed field."""
+        if not isinstance(data, dict) or "status" in data:
+            return data
+        stats = data.get("stats")
+        if not isinstance(stats, dict) or "status" not in stats:
+            return data
+        code = stats["status"]
+        if code not in LEGACY_STATUS_CODES:
+            raise ValueError(f"stats.status {code!r} is no status code (one of {sorted(LEGACY_STATUS_CODES)})")
+        rest = {k: v for k, v in stats.items() if k != "status"}
+        return {**data, "stats": rest, "status": LEGACY_STATUS_CODES[code]}
+
+    @field_validator("status", mode="before")
+    @classmethod
+    def _status(cls, v: Any) -> Any:
+        # on the wire a status is its plain string; strict validation takes only members
+        return PeerStatus(v) if isinstance(v, str) and not isinstance(v, PeerStatus) else v
+
+    def to_wire(self) -> dict[str, JsonValue]:
+        wire = super().to_wire()
+        wire["status"] = self.status.value  # a plain str for msgpack and the v1 schema
+        return wire
 
 
 #: Fields added to a kind after its first release: records without them (older peers) stay valid.
-ADDED_FIELDS: dict[str, tuple[str, ...]] = {"peers": ("endpoints", "reachable", "flops_bf16")}
+ADDED_FIELDS: dict[str, tuple[str, ...]] = {"peers": ("endpoints", "reachable", "flops_bf16"), "progress": ("status",)}
 
 #: The model stored under each kind of key.
 MODEL_OF_KIND: dict[str, type[_Record]] = {

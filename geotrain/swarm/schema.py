@@ -23,6 +23,7 @@ models in :mod:`geotrain.swarm.records`, so the two cannot drift apart.
 
 from __future__ import annotations
 
+import enum
 import logging
 import types
 import typing
@@ -132,6 +133,8 @@ def v1_type(annotation: Any) -> Any:
         return list[v1_type(item)]  # type: ignore[misc]
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return v1_model(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return annotation  # v1 checks the value is one of its members' values
     raise TypeError(f"no pydantic v1 equivalent for {annotation!r}; extend geotrain.swarm.schema.v1_type")
 
 

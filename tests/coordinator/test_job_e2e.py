@@ -75,8 +75,8 @@ def test_killed_peer_is_replanned_and_job_finishes(children: ChildGroup, tmp_pat
     def on_event(e: dict[str, Any]) -> None:
         events.append(e)
         if e.get("event") == "progress" and not killed.is_set():
-            # a peer the plan uses (status 0 = training; spares never train), a few steps in
-            training = [pid for pid, p in e["peers"].items() if p["status"] == 0.0 and p["step"] >= 6]
+            # a peer the plan uses (training; spares never train), a few steps in
+            training = [pid for pid, p in e["peers"].items() if p["status"] == "training" and p["step"] >= 6]
             if training:
                 victim.append(training[0])
                 killed.set()
@@ -135,7 +135,7 @@ def test_joiner_mid_run_is_folded_in_and_pulls_verified_state(children: ChildGro
     started = threading.Event()
 
     def on_event(e: dict[str, Any]) -> None:
-        training = e.get("event") == "progress" and any(p["status"] == 0.0 for p in e["peers"].values())
+        training = e.get("event") == "progress" and any(p["status"] == "training" for p in e["peers"].values())
         if training and not started.is_set():
             started.set()
             late = children.start("late", ["peer", "--initial-peers", *swarm.maddrs, "--region", "eu",

@@ -10,7 +10,7 @@ def test_metrics_endpoint_serves_latest_progress() -> None:
     try:
         server({"event": "plan", "version": 2})
         server({"event": "progress", "tokens": 1234,
-                "peers": {"QmA": {"step": 7, "loss": 2.5, "round": 1, "status": 0.0}}})
+                "peers": {"QmA": {"step": 7, "loss": 2.5, "round": 1, "status": "training"}}})
         server({"event": "death", "peer_id": "QmB"})
         with urllib.request.urlopen(server.address, timeout=10) as r:
             body = r.read().decode()

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from geotrain.swarm import Swarm, SwarmConfig
+from geotrain.swarm.records import PeerStatus
 from geotrain.testing.procs import Child, ChildGroup
 from geotrain.testing.swarm import start_local_swarm
 
@@ -88,7 +89,7 @@ class _ProgressWatch:
                     for pid, rec in progress.items():
                         key = (pid, rec.plan_version)
                         self.reached[key] = max(self.reached.get(key, 0), rec.step)
-                    self.training = {pid for pid, rec in progress.items() if rec.stats.get("status") == 0.0}
+                    self.training = {pid for pid, rec in progress.items() if rec.status == PeerStatus.TRAINING}
                 except Exception:  # a slow DHT read is retried at the next poll
                     pass
                 self._stop.wait(poll_s)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from geotrain.swarm.records import PeerStatus
 from geotrain.testing.procs import ChildGroup
 from geotrain.testing.swarm import start_local_swarm
 from tests.adversarial.live import read_progress
@@ -46,7 +47,7 @@ round_timeout_s = 3
 eval_batches = 2
 """
 
-STALLED = 1.0  # ProgressRecord.stats["status"]
+STALLED = PeerStatus.STALLED  # ProgressRecord.status
 
 
 def _cpu_s(pid: int) -> float:
@@ -68,7 +69,7 @@ def test_orphaned_stage_waits_quietly_and_recovers_when_a_peer_joins(children: C
     survivor.wait_event("stalled", 60)
     error = coord.wait_event("error", 60)
     assert "replan" in error["message"], error  # the coordinator says it cannot plan, and why
-    rec = read_progress(swarm.maddrs, survivor_id, lambda p: p.stats.get("status") == STALLED, 30)
+    rec = read_progress(swarm.maddrs, survivor_id, lambda p: p.status == STALLED, 30)
     stuck_at = rec.step
     cpu0, t0 = _cpu_s(survivor.pid), time.monotonic()
     time.sleep(8.0)  # the measurement window itself (CPU use while waiting), not a wait-to-assert
