@@ -143,3 +143,20 @@ def test_a_pretrained_job_pins_its_weights_and_a_peer_with_other_weights_is_refu
     theirs = dataclasses.replace(resolved, model=dataclasses.replace(resolved.model, hf_pretrained=str(tmp_path / "other")))
     with pytest.raises(ConfigError, match="was launched from weights"):
         theirs.model.block_model(0)
+
+
+def test_the_llama_example_checks_out_with_its_corpus(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+    import json
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("make_corpus", root / "examples" / "data" / "make_corpus.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.write_corpus(tmp_path / "corpus.jsonl", max_bytes=300_000)
+    job = root / "examples" / "jobs" / "llama_bpe.toml"
+    assert main(["check", str(job), "--data-dir", str(tmp_path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["model"]["model_type"] == "llama" and out["model"]["blocks"] == 6
+    assert 256 < out["model"]["vocab_size"] <= 2048 and out["data"]["documents"] > 10

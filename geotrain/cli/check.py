@@ -22,7 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__)
     p.add_argument("job", help="job file (TOML); see docs/job.md")
     p.add_argument("--scenario", default=None, metavar="FILE", help="also plan the job on this scenario's swarm")
-    p.add_argument("--data-dir", default=None, metavar="DIR", help="read relative data paths under DIR")
+    p.add_argument("--data-dir", default=None, metavar="DIR",
+                   help="read the job's data under DIR, as `geotrain peer --data-dir` does")
     p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     p.set_defaults(handler=_run)
 
@@ -33,9 +34,11 @@ def _run(args: argparse.Namespace) -> int:
     from geotrain.config import load_job
     from geotrain.coordinator.prepare import prepare_job
     from geotrain.errors import ConfigError
+    from geotrain.peers.localise import localise_job
 
     try:
-        prepared = prepare_job(load_job(args.job), data_dir=args.data_dir)
+        # --data-dir: check the job as a peer holding its data there would see it
+        prepared = prepare_job(localise_job(load_job(args.job), data_dir=args.data_dir))
     except ConfigError as e:
         if args.json:
             print(json.dumps({"ok": False, "errors": list(e.errors)}))
