@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -48,9 +49,11 @@ def materialise_config(config_json: str) -> Path:
     target = root / "config.json"
     if not target.is_file() or target.read_text(encoding="utf-8") != config_json:
         root.mkdir(parents=True, exist_ok=True)
-        tmp = root / f".config.{digest}.tmp"
-        tmp.write_text(config_json, encoding="utf-8")
-        tmp.replace(target)  # atomic: a concurrent reader sees the old file or the whole new one
+        # a name of this process's own: peers on one machine materialise the same config at once
+        fd, tmp = tempfile.mkstemp(dir=root, prefix=".config.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(config_json)
+        os.replace(tmp, target)  # atomic: a concurrent reader sees no file or the whole one
     return root
 
 
