@@ -35,6 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nat", action="store_true",
                    help="this machine accepts no inbound connections (home router, lab firewall): DHT client "
                         "mode with relays, and the data plane dials out to the peers it exchanges with")
+    p.add_argument("--client-mode", action="store_true",
+                   help="DHT client mode only (no inbound DHT connections); the data plane is left to the "
+                        "reachability check, which makes it dial out if nobody can dial it")
     p.add_argument("--no-relay", action="store_true", help="never use libp2p circuit relays for the DHT")
     p.add_argument("--swarm", default="geotrain", help="swarm name (DHT key prefix)")
     p.add_argument("--device", default="cpu", help="torch device: cpu (default), cuda, cuda:N, auto")
@@ -111,7 +114,7 @@ def _run(args: argparse.Namespace) -> int:
     announce = parse_host_list(args.announce)
     config = SwarmConfig(
         initial_peers=tuple(args.initial_peers), host=args.host, swarm=args.swarm, heartbeat_s=args.heartbeat,
-        port=args.dht_port, announce=announce, client_mode=args.nat, use_relay=not args.no_relay,
+        port=args.dht_port, announce=announce, client_mode=args.nat or args.client_mode, use_relay=not args.no_relay,
         use_auto_relay=args.nat,
     )
     admission = load_admission(args.swarm_key)
@@ -135,7 +138,7 @@ def _run(args: argparse.Namespace) -> int:
 
             def on_reach(result: Any) -> None:
                 _emit(reachability_event(result, transport=transport, dht_port=_dht_port(swarm),
-                                         dht_maddrs=swarm.visible_maddrs(), client_mode=args.nat))
+                                         dht_maddrs=swarm.visible_maddrs(), client_mode=config.client_mode))
 
             on_reach(run_preflight(transport, swarm, region=args.region))  # before the record is first published
             ReachabilityMonitor(transport, swarm, region=args.region, on_result=on_reach).start()

@@ -42,8 +42,10 @@ class Member:
     def __post_init__(self) -> None:
         if not self.peer_id or not self.region:
             raise ConfigError(f"a member needs a peer_id and a region; got {self!r}")
-        if not self.address.startswith("tcp://"):
-            raise ConfigError(f"member {self.peer_id} address must be tcp://host:port; got {self.address!r}")
+        # dialback://: a member behind NAT, answered over the connection it opens (geotrain.transport.addresses)
+        if not self.address.startswith("tcp://") and self.address != "dialback://":
+            raise ConfigError(f"member {self.peer_id} address must be tcp://host:port or dialback://; "
+                              f"got {self.address!r}")
 
 
 @dataclass(frozen=True, order=True)
