@@ -23,7 +23,7 @@
     ├── PipelineError
     │   └── StageFailedError                a neighbour stage died or timed out; names peer and step
     ├── SyncError
-    │   ├── RoundAbortedError               the round lost its quorum; local progress kept
+    │   ├── RoundAbortedError               this member cannot do its part; round discarded, progress kept
     │   └── BadContributionError            a member sent NaN/Inf/absurd-norm data; names the sender
     ├── StateTransferError                  joiner could not get verified state (size/hash mismatch)
     ├── CheckpointError                     no complete checkpoint, or a corrupt manifest
@@ -151,7 +151,9 @@ class SyncError(GeotrainError):
 
 
 class RoundAbortedError(SyncError):
-    """The round lost its quorum and was discarded; local progress is kept for the next round."""
+    """This member cannot do its part of a round (e.g. a shard it must send cannot be encoded): the round is
+    discarded everywhere, local progress is kept for the next round. Raised and handled inside
+    :mod:`geotrain.sync.round`; a round never raises it to its caller (the outcome says ``discarded``)."""
 
 
 class BadContributionError(SyncError, ValueError):

@@ -14,7 +14,7 @@ from geotrain.sync.config import DiLoCoConfig
 from geotrain.sync.diloco import DiLoCoSync
 from geotrain.sync.membership import Member, Membership, RoundId, RoundRoles, StaticMembership
 from geotrain.sync.outer import Fragment, OuterState, split_fragments
-from geotrain.sync.round import RoundOutcome, SyncStats
+from geotrain.sync.round import RoundOutcome, RoundStatus, SyncStats
 
 __all__ = [
     "DiLoCoConfig",
@@ -26,6 +26,7 @@ __all__ = [
     "RoundId",
     "RoundOutcome",
     "RoundRoles",
+    "RoundStatus",
     "StaticMembership",
     "SyncStats",
     "split_fragments",

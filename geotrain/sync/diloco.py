@@ -153,7 +153,7 @@ class DiLoCoSync:
         """The commit point on this member: outer step, then the local weights."""
         self.history.append(outcome)
         if not outcome.committed:
-            logger.info("round %s discarded: %s", outcome.round_id, outcome.reason)
+            logger.info("round %s %s: %s", outcome.round_id, outcome.status.value, outcome.reason)
             return
         assert outcome.delta is not None
         with self.commit_lock:

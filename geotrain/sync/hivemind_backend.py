@@ -28,7 +28,7 @@ from geotrain.errors import ConfigError
 from geotrain.sync.config import DiLoCoConfig
 from geotrain.sync.membership import RoundId
 from geotrain.sync.outer import Fragment, OuterState, commit, split_fragments
-from geotrain.sync.round import RoundOutcome, SyncStats
+from geotrain.sync.round import RoundOutcome, RoundStatus, SyncStats
 
 __all__ = ["HivemindDiLoCoSync"]
 
@@ -125,13 +125,13 @@ class HivemindDiLoCoSync:
             gathered = None
             logger.warning("hivemind all-reduce failed: %s: %s", type(e).__name__, e)
         if not gathered:
-            outcome = RoundOutcome(rid, False, reason="hivemind averager formed no group in time")
+            outcome = RoundOutcome(rid, RoundStatus.ABANDONED, reason="hivemind averager formed no group in time")
             self.stats.rounds_discarded += 1
         else:
             with self._averager.get_tensors() as tensors:
                 delta = tensors[0].clone()
             peers = sorted(str(p) for p in gathered)
-            outcome = RoundOutcome(rid, True, delta, tuple(peers))
+            outcome = RoundOutcome(rid, RoundStatus.COMMITTED, delta, tuple(peers))
             self._count_bytes(pseudo_grad, peers)
             commit(self.fragment, self.outer, delta, counted=True)
             self.stats.rounds_committed += 1

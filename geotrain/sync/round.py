@@ -67,22 +67,51 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 import torch
 
-from geotrain.errors import BadContributionError, CodecError, PeerTimeoutError, TransportError
+from geotrain.errors import (
+    BadContributionError,
+    CodecError,
+    PeerTimeoutError,
+    RoundAbortedError,
+    TransportError,
+)
 from geotrain.sync.aggregate import Contribution, aggregate, check_contribution, screen
 from geotrain.sync.config import DiLoCoConfig
 from geotrain.sync.membership import Membership, RoundId, RoundRoles
 from geotrain.sync.payload import CARRIER, decode_payload, encode_payload
 from geotrain.transport import Message, Transport
 
-__all__ = ["RoundOutcome", "RoundRunner", "SyncStats"]
+__all__ = ["RoundOutcome", "RoundRunner", "RoundStatus", "SyncStats"]
 
 logger = logging.getLogger(__name__)
 
 KINDS = ("sync.contrib", "sync.offer", "sync.decide", "sync.shard", "sync.result", "sync.final")
+
+
+class RoundStatus(str, Enum):  # noqa: UP042 (StrEnum needs Python 3.11; geotrain supports 3.10)
+    """What a member knows of one round's fate (the value is what ``sync.final``/``sync.answer`` carry).
+
+    - ``committed``: this member holds the whole decision-stamped result; it applies it (the commit point);
+    - ``discarded``: definitive, nobody commits: the coordinator decided so (quorum lost), or a shard can
+      never exist (its owner, or a leader it needs, could not encode; see :class:`RoundAbortedError`);
+    - ``unknown``: not known here yet (no decision, a shard missing): the member asks the others;
+    - ``abandoned``: asked until ``2 D`` in vain: discarded on this member only (others may have committed:
+      its global copy then needs a state transfer);
+    - ``aborted``: this member could not take part (not a member of the round, its own transport closed).
+
+    Only ``committed`` changes anything; every other outcome leaves parameters, momentum and residuals as
+    they were.
+    """
+
+    COMMITTED = "committed"
+    DISCARDED = "discarded"
+    UNKNOWN = "unknown"
+    ABANDONED = "abandoned"
+    ABORTED = "aborted"
 
 
 @dataclass
@@ -90,12 +119,28 @@ class RoundOutcome:
     """What one member learnt from one round. ``delta`` is the group's pseudo-gradient ``(N,)`` when committed."""
 
     round_id: RoundId
-    committed: bool
+    status: RoundStatus
     delta: torch.Tensor | None = None
     contributors: tuple[str, ...] = ()
     excluded: dict[str, str] = field(default_factory=dict)
     reason: str = ""
     seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.status, RoundStatus):
+            raise TypeError(f"RoundOutcome.status must be a RoundStatus; got {self.status!r}")
+        if self.committed != (self.delta is not None):
+            raise ValueError("a committed round outcome carries its delta, and only a committed one")
+
+    @property
+    def committed(self) -> bool:
+        """Whether this member applies the round's result."""
+        return self.status is RoundStatus.COMMITTED
+
+    @property
+    def definitive(self) -> bool:
+        """Committed or discarded for every member: what this member may answer others' ``sync.ask`` with."""
+        return self.status in (RoundStatus.COMMITTED, RoundStatus.DISCARDED)
 
 
 @dataclass
@@ -155,7 +200,7 @@ class RoundRunner:
         t0 = self.clock()
         members = list(self.membership.members(round_id))
         if not any(m.peer_id == self.me for m in members):
-            return RoundOutcome(round_id, False, reason=f"{self.me} is not a member of this round")
+            return RoundOutcome(round_id, RoundStatus.ABORTED, reason=f"{self.me} is not a member of this round")
         roles = RoundRoles.build(members, round_id, hierarchical=self.config.hierarchical)
         for m in members:
             self._regions[m.peer_id] = m.region
@@ -168,7 +213,7 @@ class RoundRunner:
         try:
             outcome = job.run()
         except TransportError as e:  # our own endpoint failed (closed): the round cannot finish here
-            outcome = RoundOutcome(round_id, False, reason=f"transport failed: {e}")
+            outcome = RoundOutcome(round_id, RoundStatus.ABORTED, reason=f"transport failed: {e}")
         outcome.seconds = self.clock() - t0
         counted = outcome.committed and self.me in outcome.contributors
         if not counted:
@@ -251,14 +296,14 @@ class RoundRunner:
         frag, number = req.meta.get("fragment"), req.meta.get("number")
         with self._lock:
             outcome = self._final.get((frag, number)) if isinstance(frag, int) and isinstance(number, int) else None
-        if outcome is None:
-            return Message("sync.answer", meta={"status": "unknown"})
+        if outcome is None or not outcome.definitive:
+            return Message("sync.answer", meta={"status": RoundStatus.UNKNOWN.value})
         if not outcome.committed:
-            return Message("sync.answer", meta={"status": "discarded", "reason": outcome.reason})
+            return Message("sync.answer", meta={"status": RoundStatus.DISCARDED.value, "reason": outcome.reason})
         assert outcome.delta is not None
         return Message(
             "sync.answer",
-            meta={"status": "committed", "contributors": list(outcome.contributors)},
+            meta={"status": RoundStatus.COMMITTED.value, "contributors": list(outcome.contributors)},
             tensors={"delta": outcome.delta},
         )
 
@@ -279,13 +324,14 @@ class RoundRunner:
                     reply = self.transport.request(peer, Message("sync.ask", meta=meta), timeout=min(1.0, left))
                 except (PeerTimeoutError, TransportError):
                     continue
-                status = reply.meta.get("status")
-                if status == "discarded":
-                    return RoundOutcome(round_id, False, reason=f"discarded (learnt from {peer})")
+                status = _wire_status(reply.meta.get("status"))
+                if status is RoundStatus.DISCARDED:
+                    return RoundOutcome(round_id, status, reason=f"discarded (learnt from {peer})")
                 delta = reply.tensors.get("delta")
                 contributors = reply.meta.get("contributors")
-                if status == "committed" and delta is not None and delta.numel() == n and isinstance(contributors, list):
-                    return RoundOutcome(round_id, True, delta.reshape(-1).float(), tuple(map(str, contributors)))
+                if (status is RoundStatus.COMMITTED and delta is not None and delta.numel() == n
+                        and isinstance(contributors, list)):
+                    return RoundOutcome(round_id, status, delta.reshape(-1).float(), tuple(map(str, contributors)))
             # everyone is still at work or gone: wait a little before the next pass
             threading.Event().wait(min(0.2, max(0.0, until - self.clock())))
         return None
@@ -349,13 +395,13 @@ class _Round:
         return self._ask()
 
     def _read_final(self, msg: Message) -> RoundOutcome | None:
-        status = msg.meta.get("status")
-        if status == "discarded":
-            outcome = RoundOutcome(self.rid, False, reason=str(msg.meta.get("reason", "discarded")))
+        status = _wire_status(msg.meta.get("status"))
+        if status is RoundStatus.DISCARDED:
+            outcome = RoundOutcome(self.rid, status, reason=str(msg.meta.get("reason", "discarded")))
             self.r.publish(outcome)
             return outcome
         contributors, entries = msg.meta.get("contributors"), msg.meta.get("shards")
-        if status == "committed" and isinstance(contributors, list) and isinstance(entries, list) and entries:
+        if status is RoundStatus.COMMITTED and isinstance(contributors, list) and isinstance(entries, list) and entries:
             # decode the owners' very encodings, as our leader did: the same bytes give the same bits
             bounds = _shard_bounds(self.n, len(entries))
             try:
@@ -368,7 +414,7 @@ class _Round:
                 return None
             raw = msg.meta.get("excluded")
             excluded = {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
-            outcome = RoundOutcome(self.rid, True, delta, tuple(map(str, contributors)), excluded)
+            outcome = RoundOutcome(self.rid, RoundStatus.COMMITTED, delta, tuple(map(str, contributors)), excluded)
             self.r.publish(outcome)
             return outcome
         return None
@@ -378,7 +424,7 @@ class _Round:
         if outcome is None:
             msg = f"round {self.rid} discarded here: no member held its outcome within {2 * self.d:.1f}s"
             logger.warning("%s (if others committed, this member needs a state transfer)", msg)
-            return RoundOutcome(self.rid, False, reason=msg)
+            return RoundOutcome(self.rid, RoundStatus.ABANDONED, reason=msg)
         if outcome.committed:
             self.r.publish(outcome)
         return outcome
@@ -405,28 +451,30 @@ class _Round:
         accepted, bad = screen(values, config=self.config)
         excluded.update(bad)
         outcome = self.run_cross(accepted, excluded)
-        if outcome.committed or outcome.reason.startswith("discarded by the coordinator"):
+        if outcome.definitive:
             self.r.publish(outcome)
         for peer in sorted(others):
             if outcome.committed:
                 assert outcome.delta is not None
-                meta = {"status": "committed", "contributors": list(outcome.contributors), "excluded": outcome.excluded,
-                        "shards": [entry for entry, _ in self.encoded]}
+                meta = {"status": RoundStatus.COMMITTED.value, "contributors": list(outcome.contributors),
+                        "excluded": outcome.excluded, "shards": [entry for entry, _ in self.encoded]}
                 tensors = {f"s{j}.{k.split('.', 1)[1]}": t for j, (_, ts) in enumerate(self.encoded) for k, t in ts.items()}
                 msg = Message("sync.final", self.tag, meta=meta, tensors=tensors)
-            elif outcome.reason.startswith("discarded by the coordinator"):
-                msg = Message("sync.final", self.tag, meta={"status": "discarded", "reason": outcome.reason})
+            elif outcome.status is RoundStatus.DISCARDED:
+                msg = Message("sync.final", self.tag, meta={"status": RoundStatus.DISCARDED.value,
+                                                            "reason": outcome.reason})
             else:
-                msg = Message("sync.final", self.tag, meta={"status": "unknown"})
+                msg = Message("sync.final", self.tag, meta={"status": RoundStatus.UNKNOWN.value})
             self.r.send(peer, msg, self.at(1.1))
-        if not outcome.committed and not outcome.reason.startswith("discarded by the coordinator"):
+        if not outcome.definitive:
             asked = self._ask()
             asked.excluded = {**excluded, **asked.excluded}
             return asked
         return outcome
 
     def run_cross(self, accepted: dict[str, torch.Tensor], excluded: dict[str, str]) -> RoundOutcome:
-        """Phases 2-5 from this leader's side; returns committed, discarded-by-decision, or unknown."""
+        """Phases 2-5 from this leader's side; returns committed, discarded (by the decision, or because this
+        leader could not encode a shard: :class:`RoundAbortedError`), or unknown."""
         coordinator = self.roles.coordinator.peer_id
         offer = {"members": sorted(accepted), "excluded": excluded}
         decision: dict[str, Any] | None
@@ -437,11 +485,11 @@ class _Round:
             got = self.r.collect("sync.decide", self.tag, {coordinator}, self.at(0.6))
             decision = got[coordinator].meta if coordinator in got else None
         if decision is None:
-            return RoundOutcome(self.rid, False, excluded=excluded, reason="no decision from the coordinator")
+            return RoundOutcome(self.rid, RoundStatus.UNKNOWN, excluded=excluded, reason="no decision from the coordinator")
         groups = decision.get("groups")
         if decision.get("discard") or not isinstance(groups, dict) or not groups:
             return RoundOutcome(
-                self.rid, False, excluded=excluded,
+                self.rid, RoundStatus.DISCARDED, excluded=excluded,
                 reason=f"discarded by the coordinator: {str(decision.get('reason', ''))[:300]}",
             )
         keys = sorted(k for k in groups if k in self.roles.leaders)
@@ -451,14 +499,23 @@ class _Round:
         mine = self.group in counted
         if mine and counted[self.group] != sorted(accepted):
             # the coordinator counted what we offered; anything else means a confused peer: do not mix
-            return RoundOutcome(self.rid, False, excluded=excluded, reason="decision disagrees with our offer")
+            return RoundOutcome(self.rid, RoundStatus.UNKNOWN, excluded=excluded,
+                                reason="decision disagrees with our offer")
         local = self.local_contributions(accepted) if mine else []
-        for j, owner in enumerate(owners):
-            if mine and owner != self.me:
-                self.send_shard(owner, j, bounds[j], local)
-        if self.me in owners:
-            j = owners.index(self.me)
-            self.own_shard(j, bounds[j], keys, counted, local)
+        try:
+            for j, owner in enumerate(owners):
+                if mine and owner != self.me:
+                    self.send_shard(owner, j, bounds[j], local)
+            if self.me in owners:
+                j = owners.index(self.me)
+                self.own_shard(j, bounds[j], keys, counted, local)
+        except RoundAbortedError as e:
+            # without our shard (or our region's part of one) nobody can hold the whole result: discarded
+            # everywhere. Owners waiting on us are told at once (empty shard / failed result), not at deadline
+            logger.warning("round %s: %s", self.rid, e)
+            if self.me in owners:
+                self.fail_result()
+            return RoundOutcome(self.rid, RoundStatus.DISCARDED, excluded=excluded, reason=str(e))
         got = self.r.collect("sync.result", self.tag, set(owners) - {self.me}, self.at(1.0))
         shards: list[torch.Tensor] = []
         self.encoded = []  # (entry, buffers) of every shard, forwarded as-is to our region
@@ -466,21 +523,23 @@ class _Round:
             lo, hi = bounds[j]
             if owner == self.me:
                 if self._my_shard.numel() != hi - lo:
-                    return RoundOutcome(self.rid, False, excluded=excluded, reason=f"own shard {j} incomplete")
+                    return RoundOutcome(self.rid, RoundStatus.UNKNOWN, excluded=excluded,
+                                        reason=f"own shard {j} incomplete")
                 shards.append(self._my_shard)
                 self.encoded.append(self._my_encoded)
                 continue
             msg = got.get(owner)
             if msg is None or msg.meta.get("status") != "ok":
-                return RoundOutcome(self.rid, False, excluded=excluded, reason=f"shard {j} from {owner} missing")
+                return RoundOutcome(self.rid, RoundStatus.UNKNOWN, excluded=excluded,
+                                    reason=f"shard {j} from {owner} missing")
             try:
                 shards.append(decode_payload(msg.meta.get("payload"), msg.tensors, prefix="r", sender=owner, numel=hi - lo))
                 self.encoded.append((msg.meta["payload"], {k: t for k, t in msg.tensors.items() if k.startswith("r.")}))
             except BadContributionError as e:
-                return RoundOutcome(self.rid, False, excluded=excluded, reason=str(e))
+                return RoundOutcome(self.rid, RoundStatus.UNKNOWN, excluded=excluded, reason=str(e))
         contributors = tuple(sorted(p for ps in counted.values() for p in ps))
         all_excluded = {**excluded, **{str(k): str(v) for k, v in dict(decision.get("excluded", {})).items()}}
-        return RoundOutcome(self.rid, True, torch.cat(shards), contributors, all_excluded)
+        return RoundOutcome(self.rid, RoundStatus.COMMITTED, torch.cat(shards), contributors, all_excluded)
 
     def decide(self, own_offer: dict[str, Any]) -> dict[str, Any]:
         """Coordinator: collect offers, pick the counted groups (or discard), tell every leader."""
@@ -529,17 +588,29 @@ class _Round:
         return [Contribution(accepted[p], (p,)) for p in sorted(accepted)]
 
     def send_shard(self, owner: str, j: int, bound: tuple[int, int], local: list[Contribution]) -> None:
+        """Our region's part of shard ``j`` to its owner; raises :class:`RoundAbortedError` when it cannot be
+        encoded (the owner is sent an empty shard, so it gives up at once)."""
         lo, hi = bound
         entries, tensors = [], {}
-        for i, c in enumerate(local):
-            # error feedback only on our own region sum; forwarded single vectors are not ours to bias
-            res = self.r.residual("leader", self.rid.fragment) if len(local) == 1 else None
-            entry, ts, _ = encode_payload(
-                c.value[lo:hi], self.config.cross_codec, prefix=f"c{i}", residual=None if res is None else res[lo:hi]
-            )
-            entries.append({**entry, "members": list(c.members)})
-            tensors.update(ts)
+        try:
+            for i, c in enumerate(local):
+                # error feedback only on our own region sum; forwarded single vectors are not ours to bias
+                res = self.r.residual("leader", self.rid.fragment) if len(local) == 1 else None
+                entry, ts, _ = encode_payload(
+                    c.value[lo:hi], self.config.cross_codec, prefix=f"c{i}", residual=None if res is None else res[lo:hi]
+                )
+                entries.append({**entry, "members": list(c.members)})
+                tensors.update(ts)
+        except CodecError as e:
+            self.r.send(owner, Message("sync.shard", (*self.tag, j), meta={"payloads": []}), self.at(0.8))
+            raise RoundAbortedError(f"cannot encode our part of shard {j} for {owner}: {e}") from e
         self.r.send(owner, Message("sync.shard", (*self.tag, j), meta={"payloads": entries}, tensors=tensors), self.at(0.8))
+
+    def fail_result(self) -> None:
+        """Shard owner: tell every other leader our shard will not come (they stop waiting for it)."""
+        for peer in sorted({m.peer_id for m in self.roles.leaders.values()} - {self.me}):
+            self.r.send(peer, Message("sync.result", self.tag, meta={"status": "failed"}), self.at(1.0))
+        self._my_shard = torch.empty(0)
 
     def own_shard(
         self, j: int, bound: tuple[int, int], keys: list[str], counted: dict[str, list[str]], local: list[Contribution]
@@ -578,21 +649,30 @@ class _Round:
             contributions.extend(theirs)
         leaders = sorted({m.peer_id for m in self.roles.leaders.values()} - {self.me})
         if not ok:
-            for peer in leaders:
-                self.r.send(peer, Message("sync.result", self.tag, meta={"status": "failed"}), self.at(1.0))
-            self._my_shard = torch.empty(0)
+            self.fail_result()
             return
         contributions.sort(key=lambda c: c.members)
         agg = aggregate(contributions, config=self.config)  # (hi - lo,)
         res = self.r.residual("owner", self.rid.fragment)
-        entry, tensors, decoded = encode_payload(
-            agg, self.config.cross_codec, prefix="r", residual=None if res is None else res[lo:hi]
-        )
+        try:
+            entry, tensors, decoded = encode_payload(
+                agg, self.config.cross_codec, prefix="r", residual=None if res is None else res[lo:hi]
+            )
+        except CodecError as e:
+            raise RoundAbortedError(f"cannot encode aggregated shard {j}: {e}") from e
         self._my_shard = decoded
         self._my_encoded = (entry, tensors)
         for peer in leaders:
             self.r.send(peer, Message("sync.result", self.tag, meta={"status": "ok", "payload": entry}, tensors=tensors),
                         self.at(1.0))
+
+
+def _wire_status(value: Any) -> RoundStatus:
+    """A round status as a peer sent it; anything unrecognised counts as not known."""
+    try:
+        return RoundStatus(value)
+    except ValueError:
+        return RoundStatus.UNKNOWN
 
 
 def _shard_bounds(n: int, parts: int) -> list[tuple[int, int]]:
