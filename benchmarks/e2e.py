@@ -11,11 +11,16 @@ back in one invocation; peers are put in the scenario's regions round-robin:
 
 Links: with namespaces (root; ``--netns auto|on``) every region is a network
 namespace and the kernel shapes each region pair's bandwidth (htb) for every
-contender alike. This kernel has no ``netem``, so the scenario's delay is added
-only inside geotrain's transport: gloo and hivemind traffic gets the bandwidth
-but *no* delay (which favours contenders 1-3). Without namespaces (``off``)
-everything runs on loopback: geotrain's transport emulates delay and bandwidth
-and contenders 1-3 run unshaped; the output says so.
+contender alike. This kernel has no ``netem``, so the one-way delay comes from
+the delay layer (``geotrain.emulate.delay``): a process in the router namespace
+holds every packet between two regions for the link's one-way delay, below
+every contender alike (``--delay kernel``, the default where ``/dev/net/tun``
+exists); geotrain's transport then adds no delay of its own, so nobody pays
+twice. With ``--delay transport`` (or without a TUN device) the delay is added
+only inside geotrain's transport and gloo/hivemind traffic gets none. Without
+namespaces (``off``) everything runs on loopback: geotrain's transport
+emulates delay and bandwidth and contenders 1-3 run unshaped. The config line
+says which delay method is active (``delay_method``).
 
 Bytes: with namespaces, cross-region bytes are the htb counters of every region
 pair and intra-region bytes the ``lo`` counters of every region, read when the
@@ -73,6 +78,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--contenders", default=",".join(ALL), help=f"comma-separated subset of {','.join(ALL)}")
     p.add_argument("--netns", default="auto", choices=("auto", "on", "off"),
                    help="regions as network namespaces (root): auto = when root")
+    p.add_argument("--delay", default="auto", choices=("auto", "kernel", "transport"),
+                   help="where the links' delay is added: kernel = the delay layer below every contender "
+                        "(namespaces + /dev/net/tun), transport = geotrain's transport only; auto = kernel when possible")
     p.add_argument("--scale", type=float, default=1.0, help="divide every emulated bandwidth by this")
     p.add_argument("--every", type=int, default=None, help="DiLoCo H for geotrain and flat DiLoCo (default 10; smoke 5)")
     p.add_argument("--codec", default="int8", help="geotrain's cross-region pseudo-gradient codec")
@@ -146,12 +154,32 @@ def job_dict(args: argparse.Namespace, work: Path, regions: int) -> dict[str, An
     }
 
 
-def make_network(mode: str, scenario: dict[str, Any], scale: float) -> Any:
+def make_network(mode: str, scenario: dict[str, Any], scale: float, delay: str = "auto") -> Any:
     from benchmarks.contenders.launch import LoopbackNetwork, NetnsNetwork
 
     if mode == "off" or (mode == "auto" and os.geteuid() != 0):
+        if delay == "kernel":
+            raise SystemExit("--delay kernel needs network namespaces (root, --netns auto|on)")
         return LoopbackNetwork()
-    return NetnsNetwork(scenario, scale=scale)
+    tun = os.path.exists("/dev/net/tun")
+    if delay == "kernel" and not tun:
+        raise SystemExit("--delay kernel needs /dev/net/tun (the tun module) for the delay layer")
+    return NetnsNetwork(scenario, scale=scale, delay=delay == "kernel" or (delay == "auto" and tun))
+
+
+def delay_notes(network: Any) -> list[str]:
+    """What the config line says about delay and bandwidth for this network."""
+    if network.kernel_delayed:
+        return ["every packet between regions is held for the link's one-way delay by the delay layer in the "
+                "router namespace and shaped by htb: every contender pays the same delay and bandwidth; "
+                "geotrain's transport adds no delay of its own"]
+    notes = ["netem is absent from this kernel and the delay layer is off: the scenario's delay is added only in "
+             "geotrain's transport; gloo and hivemind traffic gets no added delay"
+             + (" (bandwidth is shaped by htb for all)" if network.kernel_shaped else "")]
+    if not network.kernel_shaped:
+        notes.append("no namespaces: contenders 1-3 run on unshaped loopback; geotrain emulates delay + bandwidth "
+                     "in its transport; bytes are self-counted")
+    return notes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,19 +207,14 @@ def main(argv: list[str] | None = None) -> int:
                          f"x {batch} x {seq_len} tokens; raise it")
     scenario_path = work / "scenario.json"
     scenario_path.write_text(json.dumps(scenario))
-    network = make_network(args.netns, scenario, args.scale)
-    shaped = network.kernel_shaped
-    notes = [
-        "netem is absent from this kernel: the scenario's delay is added only in geotrain's transport; "
-        "gloo and hivemind traffic gets no added delay" + (" (bandwidth is shaped by htb for all)" if shaped else ""),
-    ]
-    if not shaped:
-        notes.append("no namespaces: contenders 1-3 run on unshaped loopback; geotrain emulates delay + bandwidth "
-                     "in its transport; bytes are self-counted")
+    network = make_network(args.netns, scenario, args.scale, args.delay)
+    shaped, delayed = network.kernel_shaped, network.kernel_delayed
+    notes = delay_notes(network)
     init_loss = validation_loss(spec_job)
     _say({"event": "config", "peers": args.peers, "regions": regions, "preset": args.preset,
           "budget_tokens": args.budget_tokens, "steps_per_peer": steps, "batch_per_peer": batch, "seq_len": seq_len,
           "every": args.every, "overlap": args.overlap, "network": "netns" if shaped else "loopback", "bytes_method": network.bytes_method,
+          "delay_method": network.delay_method if delayed else "geotrain transport only (LinkEmulator)",
           "scale": args.scale, "init_val_loss": init_loss, "notes": notes, "work_dir": str(work)})
     lines: dict[str, dict[str, Any]] = {}
     curves: dict[str, list[dict[str, Any]]] = {}
@@ -212,9 +235,10 @@ def main(argv: list[str] | None = None) -> int:
                     line = _worker_line(name, run, curve)
             except (TimeoutError, RuntimeError, OSError) as e:
                 line, curve = {"error": f"{type(e).__name__}: {e}"[:800]}, []
+            network.check()  # a dead delay layer cuts the regions off: that is no contender's failure
             line.update(_money(line, regions, prices, egress, usd))
             line = {"event": "contender", "name": name, "label": LABELS[name], **line,
-                    "bandwidth_shaped": shaped or name == "geotrain", "delay_emulated": name == "geotrain",
+                    "bandwidth_shaped": shaped or name == "geotrain", "delay_emulated": delayed or name == "geotrain",
                     "run_s": time.monotonic() - t_start}
             lines[name], curves[name] = line, curve
         target = _target(lines)

@@ -1,9 +1,10 @@
 """Contender 4, geotrain: planned pipelines + hierarchical DiLoCo + codecs, as a user would run it.
 
 Processes (each in its region when there are namespaces): ``geotrain dht`` in
-the first region, one ``geotrain peer`` per peer with the scenario's one-way
-delay in the transport (``--emulate``; bandwidth too with ``--emulate-bandwidth``
-when the kernel does not shape it), and the coordinator ``geotrain run --json``
+the first region, one ``geotrain peer`` per peer (with the scenario's one-way
+delay in the transport, ``--emulate``, only when the kernel-level delay layer is
+not active; bandwidth too with ``--emulate-bandwidth`` when the kernel does not
+shape it), and the coordinator ``geotrain run --json``
 in the first region. The clock starts at the coordinator's ``plan`` event
 (when training can begin) and stops at the first ``progress`` event in which
 every peer of the plan reports done; the kernel counters are read at both.
@@ -83,7 +84,9 @@ def run_geotrain(
         for i, region in enumerate(regions):
             cmd = ["peer", "--initial-peers", *maddrs, "--region", region, "--host", network.host(region),
                    "--threads", "1", "--probe-every", "600", "--price", str(prices.get(region, 1.0)),
-                   "--job", job_id, "--emulate", str(scenario_path)]
+                   "--job", job_id]
+            if not network.kernel_delayed:  # the kernel-level delay layer, when active, already delays every packet
+                cmd += ["--emulate", str(scenario_path)]
             if not network.kernel_shaped:
                 cmd.append("--emulate-bandwidth")
             peers.append(procs.start_in(f"peer{i}-{region}", "geotrain", cmd, region=region))

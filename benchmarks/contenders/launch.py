@@ -3,7 +3,9 @@
 A *network* is where the contenders' peers live:
 
 - :class:`NetnsNetwork`: one Linux network namespace per region (``geotrain.emulate.Emulation``,
-  htb bandwidth per region pair; root). Bytes are read from the kernel: the htb
+  htb bandwidth per region pair; root) and, where ``/dev/net/tun`` exists, the delay layer
+  (``geotrain.emulate.delay``: every packet between regions held for the link's one-way
+  delay in the router namespace, below every contender alike). Bytes are read from the kernel: the htb
   class of each (source region -> destination region) pair counts cross-region
   bytes, the ``lo`` device inside each region counts intra-region bytes. Every
   contender is counted the same way, headers, control plane and all.
@@ -57,6 +59,8 @@ class Network:
     """Where peers run. ``kernel_shaped``: the kernel shapes bandwidth between regions."""
 
     kernel_shaped = False
+    kernel_delayed = False  # every packet between regions pays the link's one-way delay below the contenders
+    delay_method = "none"
     bytes_method = "self-counted"
 
     def host(self, region: str) -> str:
@@ -72,6 +76,9 @@ class Network:
         """``{"cross": {"a->b": bytes}, "intra": {region: bytes}}`` from the kernel, or None."""
         return None
 
+    def check(self) -> None:
+        """Raise when the network's own machinery failed (nothing to check here)."""
+
     def close(self) -> None:
         pass
 
@@ -86,14 +93,25 @@ class NetnsNetwork(Network):
     kernel_shaped = True
     bytes_method = "kernel: htb class per region pair (cross), lo per region (intra)"
 
-    def __init__(self, scenario: dict[str, Any], *, scale: float = 1.0) -> None:
+    def __init__(self, scenario: dict[str, Any], *, scale: float = 1.0, delay: bool = True) -> None:
         from geotrain.emulate import Emulation, EmulationConfig, topology_from_dict
+        from geotrain.emulate.delay import DelayConfig, DelayLayer
 
         clean_stale_tags()
         self.tag = f"e2e{os.getpid()}"
         topo = topology_from_dict(scenario)
         self.regions = topo.regions
-        self.em = Emulation(EmulationConfig(topology=topo, tag=self.tag, scale=scale)).setup()
+        config = EmulationConfig(topology=topo, tag=self.tag, scale=scale)
+        self.em = Emulation(config).setup()
+        self.delay: DelayLayer | None = None
+        if delay:
+            try:
+                self.delay = DelayLayer(DelayConfig.from_emulation(config)).start()
+            except Exception:
+                self.em.teardown()
+                raise
+            self.kernel_delayed = True
+            self.delay_method = self.delay.method
 
     def host(self, region: str) -> str:
         return self.em.address(region)
@@ -117,7 +135,16 @@ class NetnsNetwork(Network):
             intra[region] = int(json.loads(out)[0]["stats64"]["tx"]["bytes"])
         return {"cross": cross, "intra": intra}
 
+    def check(self) -> None:
+        """Raise if the delay layer died (the regions would be cut off: a contender's failure is not its own)."""
+        from geotrain.errors import EmulationError
+
+        if self.delay is not None and not self.delay.alive():
+            raise EmulationError("the delay process in the router namespace is gone")
+
     def close(self) -> None:
+        if self.delay is not None:
+            self.delay.close()
         self.em.teardown()
 
 

@@ -7,8 +7,9 @@ kernel, not in this process: :meth:`Emulation.setup` builds it and
 skip teardown, :meth:`Emulation.setup` first deletes any namespaces left
 under the same tag, so the next run starts clean.
 
-Delay is not emulated here (the kernel lacks ``netem``); pair an emulation
-with :class:`geotrain.emulate.links.LinkEmulator` in the transport.
+Delay is not emulated here (the kernel lacks ``netem``); add it below every
+program with :class:`geotrain.emulate.delay.DelayLayer`, or in geotrain's
+transport only with :class:`geotrain.emulate.links.LinkEmulator`.
 """
 
 from __future__ import annotations
