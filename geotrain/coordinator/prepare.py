@@ -155,15 +155,11 @@ def _check_model(job: JobSpec, errors: list[str]) -> tuple[int, int]:
                           f"embedding has {model.vocab_size}; use the tokenizer the model was trained with")
     try:
         if m.is_hf or m.loader is not None:
-            # distinct tensors: a weight tied across blocks counts once
-            seen: dict[int, int] = {}
-            for i in range(num_blocks):
-                for p in model.build_block(i, job.job.seed).parameters():
-                    seen.setdefault(id(p), p.numel())
-            params = sum(seen.values())
+            blocks = [model.build_block(i, job.job.seed) for i in range(num_blocks)]  # alive: ids stay unique
+            params = sum(p.numel() for b in blocks for p in b.parameters())
             for g in model.tied_groups:  # each standalone block holds its own copy of a tied weight
                 for b, name in g.members[1:]:
-                    copy = dict(model.build_block(b, job.job.seed).named_parameters()).get(name)
+                    copy = dict(blocks[b].named_parameters()).get(name)
                     params -= copy.numel() if copy is not None else 0
         else:
             params = int(m.gpt_config().num_parameters())
