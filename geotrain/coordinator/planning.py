@@ -102,7 +102,9 @@ def job_scenario(job: JobSpec) -> dict[str, Any]:
     pipe = job.pipeline
     return {
         "model": {"profile": profile, "seq_len": job.model.context, "dtype_bytes": 2 if job.model.dtype == "bf16" else 4,
-                  "tied_param_bytes": _tied_param_bytes(job)},
+                  "tied_param_bytes": _tied_param_bytes(job),
+                  # the memory model keeps only each layer's input when layers are recomputed in backward
+                  "activation_checkpointing": job.model.activation_checkpointing},
         "job": {
             "micro_batch": pipe.micro_batch_size,
             "micro_batches": pipe.microbatches,
