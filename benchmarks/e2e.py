@@ -82,6 +82,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="where the links' delay is added: kernel = the delay layer below every contender "
                         "(namespaces + /dev/net/tun), transport = geotrain's transport only; auto = kernel when possible")
     p.add_argument("--scale", type=float, default=1.0, help="divide every emulated bandwidth by this")
+    p.add_argument("--regime", default=None, metavar="NAME|FILE",
+                   help="emulate a deployment's ratios (built in: 1b-h100-1gbit, consumer-80mbit; or a JSON file): "
+                        "every link's bandwidth and delay come from a calibration run (time dilation)")
     p.add_argument("--every", type=int, default=None, help="DiLoCo H for geotrain and flat DiLoCo (default 10; smoke 5)")
     p.add_argument("--codec", default="int8", help="geotrain's cross-region pseudo-gradient codec")
     p.add_argument("--fragments", type=int, default=1, help="geotrain's streaming fragments")
@@ -106,6 +109,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.budget_tokens = 3 * 16 * 32 * 15 if smoke else 6 * 16 * 32 * 300
     if args.peers < 2:
         p.error("--peers must be >= 2")
+    if args.regime is not None and args.scale != 1.0:
+        p.error("--regime sets every link from the calibration; leave --scale at 1")
     return args
 
 
@@ -205,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     if steps < 1:
         raise SystemExit(f"--budget-tokens {args.budget_tokens} is less than one step of {args.peers} peers "
                          f"x {batch} x {seq_len} tokens; raise it")
+    if args.regime is not None:
+        scenario = _regime_scenario(args, job, scenario, work)
     scenario_path = work / "scenario.json"
     scenario_path.write_text(json.dumps(scenario))
     network = make_network(args.netns, scenario, args.scale, args.delay)
@@ -215,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
           "budget_tokens": args.budget_tokens, "steps_per_peer": steps, "batch_per_peer": batch, "seq_len": seq_len,
           "every": args.every, "overlap": args.overlap, "network": "netns" if shaped else "loopback", "bytes_method": network.bytes_method,
           "delay_method": network.delay_method if delayed else "geotrain transport only (LinkEmulator)",
-          "scale": args.scale, "init_val_loss": init_loss, "notes": notes, "work_dir": str(work)})
+          "scale": args.scale, "regime": args.regime, "init_val_loss": init_loss, "notes": notes, "work_dir": str(work)})
     lines: dict[str, dict[str, Any]] = {}
     curves: dict[str, list[dict[str, Any]]] = {}
     try:
@@ -253,6 +260,34 @@ def main(argv: list[str] | None = None) -> int:
         if own_dir:
             shutil.rmtree(work, ignore_errors=True)
     return 0 if all("error" not in v for v in lines.values()) else 1
+
+
+BENCH_DP_BYTES_PER_PARAM = 4  # contender 1 all-reduces fp32 gradients
+
+
+def _regime_scenario(args: argparse.Namespace, job: dict[str, Any], scenario: dict[str, Any],
+                     work: Path) -> dict[str, Any]:
+    """Calibrate, map the regime onto this machine, print the mapping (the first JSON line), return the new scenario."""
+    from benchmarks.contenders.calibrate import run_calibration
+    from benchmarks.contenders.common import WorkerSpec
+    from geotrain.emulate.regime import load_regime, map_regime
+
+    try:
+        regime = load_regime(args.regime)
+    except ValueError as e:
+        raise SystemExit(f"--regime: {e}") from None
+    spec = WorkerSpec(contender="calibrate", job=job, world=args.peers, steps=3 if args.smoke else 6,
+                      out_dir=str(work / "calibrate"), timeout_s=args.timeout)
+    cal = run_calibration(spec, work_dir=work / "calibrate", timeout_s=args.timeout)
+    mapping = map_regime(regime, peers=args.peers, bench_params=cal.params,
+                         bench_dp_bytes_per_param=BENCH_DP_BYTES_PER_PARAM, step_s=cal.step_s)
+    args.mapping = mapping
+    _say({"event": "regime", **mapping.describe(),
+          "calibration": {"steps": cal.steps, "workers": args.peers, "per_worker_step_s": list(cal.per_worker_s),
+                          "what": "forward + backward + AdamW of the benchmark's model and batch, all peers at once"},
+          "lan_note": "peers of one region share its namespace: the LAN figures go to the planner's scenario, "
+                      "the kernel does not shape them"})
+    return mapping.scenario(scenario)
 
 
 def _worker_spec(name: str, args: argparse.Namespace, job: dict[str, Any], steps: int, batch: int,
