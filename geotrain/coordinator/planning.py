@@ -182,6 +182,9 @@ def make_plan(
             for a in pipe
         ]
         pipelines.append(slots)
+    from geotrain.peers.reachability import assign_relay
+
+    pipelines = assign_relay(pipelines)  # two peers behind NAT reach each other through a reachable one
     pred = result.predicted
     plan = JobPlan(
         job_id=job_id,

@@ -27,11 +27,13 @@ back; ``False``: it could not be (the peer then dials out instead:
 answered (the first peer of a swarm), checked again later.
 
 :func:`plannable_peers` is what the coordinator plans on: a peer others cannot
-dial either dials out (``dialback://``) or takes no part.
+dial either dials out (``dialback://``) or takes no part; :func:`assign_relay`
+names the reachable plan peer through which two dial-out peers reach each other.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import logging
 import socket
@@ -41,9 +43,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from geotrain.errors import ConfigError, GeotrainError, TransportError
+from geotrain.plan import StageSlot
 from geotrain.swarm.records import PeerRecord
 from geotrain.transport import Message, Transport
-from geotrain.transport.addresses import interface_addresses, is_loopback, split_endpoint, tcp_endpoint
+from geotrain.transport.addresses import (
+    DIAL_BACK,
+    interface_addresses,
+    is_loopback,
+    split_endpoint,
+    tcp_endpoint,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -332,20 +341,45 @@ class ReachabilityMonitor:
                 self._on_result(result)
 
 
-def plannable_peers(peers: Mapping[str, PeerRecord]) -> dict[str, PeerRecord]:
+def plannable_peers(peers: Mapping[str, PeerRecord], *, relays: bool = True) -> dict[str, PeerRecord]:
     """The peers a plan may use, given who can dial whom.
 
     A reachable (or not yet checked) peer: always. A peer that cannot be dialled and does not dial
     out: never (nobody could send to it). A dial-out (``dialback://``) peer talks only over
-    connections it opened, so two of them cannot exchange; every peer of a plan may have to talk to
-    every other (neighbours, the tied first/last stage, stage groups, state donors), so a plan takes
-    at most one dial-out peer: the fastest (ties: lowest peer id). The others wait as spares.
+    connections it opened, so two of them reach each other only through a relay
+    (:func:`assign_relay`): with ``relays`` and at least one dialable peer, every dial-out peer is
+    plannable; otherwise a plan takes at most one (the fastest; ties: lowest peer id), as every
+    peer of a plan may have to talk to every other (neighbours, the tied first/last stage, stage
+    groups, state donors). The others wait as spares.
     """
     out = {pid: r for pid, r in peers.items() if not r.dial_back and r.reachable is not False}
     nat = sorted((r for r in peers.values() if r.dial_back), key=lambda r: (-r.flops, r.peer_id))
-    if nat:
-        out[nat[0].peer_id] = nat[0]
-        for r in nat[1:]:
-            logger.info("left %s out of the plan: it is behind NAT like %s, and two such peers cannot "
-                        "dial each other (no relay)", r.peer_id, nat[0].peer_id)
+    keep = nat if relays and out else nat[:1]
+    for r in keep:
+        out[r.peer_id] = r
+    for r in nat[len(keep):]:
+        logger.info("left %s out of the plan: it is behind NAT like %s, and no reachable peer can relay "
+                    "between them", r.peer_id, nat[0].peer_id)
     return dict(sorted(out.items()))
+
+
+def assign_relay(pipelines: list[list[StageSlot]]) -> list[list[StageSlot]]:
+    """With two or more dial-out peers in a plan, route them to each other through one reachable
+    plan peer: their slots' endpoints become ``dialback://<relay id>``.
+
+    The relay is the reachable plan peer sharing a region with the most dial-out peers (ties: lowest
+    peer id): its links to them are the ones the planner measured best. Everyone else still reaches
+    a dial-out peer over that peer's own connection. Without a reachable plan peer nothing changes.
+    """
+    slots = [s for pipe in pipelines for s in pipe]
+    nat = {s.peer: s for s in slots if s.endpoint.startswith(DIAL_BACK)}
+    if len(nat) < 2:
+        return pipelines
+    dialable = sorted({s.peer: s for s in slots if s.endpoint.startswith("tcp://")}.values(),
+                      key=lambda s: (-sum(n.region == s.region for n in nat.values()), s.peer))
+    if not dialable:
+        logger.warning("plan has %d peers behind NAT and no reachable peer to relay between them", len(nat))
+        return pipelines
+    relay = dialable[0].peer
+    return [[dataclasses.replace(s, endpoint=f"{DIAL_BACK}{relay}") if s.peer in nat else s for s in pipe]
+            for pipe in pipelines]

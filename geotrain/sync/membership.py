@@ -43,7 +43,7 @@ class Member:
         if not self.peer_id or not self.region:
             raise ConfigError(f"a member needs a peer_id and a region; got {self!r}")
         # dialback://: a member behind NAT, answered over the connection it opens (geotrain.transport.addresses)
-        if not self.address.startswith("tcp://") and self.address != "dialback://":
+        if not self.address.startswith(("tcp://", "dialback://")):
             raise ConfigError(f"member {self.peer_id} address must be tcp://host:port or dialback://; "
                               f"got {self.address!r}")
 

@@ -36,6 +36,17 @@ and sends over it, so both directions flow over the connection the NATed peer
 opened. With CURVE the route counts only if the hello came with the key the
 peer was connected with (ZAP's User-Id), so no member can take another's route.
 
+Relays (two peers behind NAT): ``connect(peer, "dialback://<relay id>")`` on a
+dial-out transport sends to ``peer`` through the relay peer (which both have
+connected): each message goes to the relay wrapped in a ``__relay__`` header
+naming its destination; the relay forwards the frames untouched, behind a
+``__relayed__`` header naming the sender, over the destination's own
+connection. The destination accepts the inner message only if its sender is
+the one the relay names; with CURVE every hop is authenticated and encrypted,
+and the relay (a member) sees the frames in clear and is trusted to name the
+sender truthfully. On a transport that is not dial-out the relay part is
+ignored: it reaches the peer over its own connection, as for ``dialback://``.
+
 Emulation: an ``emulator`` with ``before_send(dst_region, nbytes) -> seconds``
 holds each message that long before it reaches the socket (one-way delay and
 serialisation at an emulated rate, FIFO per destination). Emulation only.
@@ -87,6 +98,10 @@ OriginHandler = Callable[[Message, "str | None"], "Message | None"]
 
 #: message kind of a dial-out peer's hello: "answer me over this connection"
 HELLO = "__hello__"
+#: kinds of the relay's two headers: sender -> relay (meta "to"), relay -> destination (meta "from")
+RELAY = "__relay__"
+RELAYED = "__relayed__"
+_VIA = "relay://"  # a remote's address when it is reached through a relay: relay://<relay peer id>
 
 
 class LinkEmulator(Protocol):
@@ -123,6 +138,7 @@ class Transport:
         self._mail_cv = threading.Condition()
         self._handlers: dict[str, Handler] = {}
         self._origin_handlers: dict[str, OriginHandler] = {}
+        self._handlers_lock = threading.Lock()  # guards registration (the I/O thread only reads the dicts)
         self._rpc_waiting: set[str] = set()
         self._job: str | None = None
         self._past_jobs: set[str] = set()
@@ -141,7 +157,7 @@ class Transport:
         self.reachable: bool | None = False if config.dial_out else None
         # peer -> (ROUTER route, CURVE key its hello came with) of a dial-out peer's connection to our inbox
         self._routes: dict[str, tuple[bytes, bytes | None]] = {}
-        self._new_routes: set[str] = set()  # routes learned by the last inbox read (owned by the I/O thread)
+        self._new_routes: set[str] = set()  # peers to flush after the last read (new route, relayed traffic)
         self._start_error: BaseException | None = None
         self._auth: Any = None
         self._allowed: set[bytes] = set()  # CURVE clients the ZAP handler admits
@@ -227,8 +243,12 @@ class Transport:
         With CURVE, ``curve_server_key`` is the peer's public key; ``None`` for a peer already
         connected at the same address keeps the key it was connected with.
         """
-        if not address.startswith("tcp://") and address != DIAL_BACK:
+        if not address.startswith("tcp://") and not address.startswith(DIAL_BACK):
             raise TransportError(f"peer {peer_id} address must be tcp://host:port or {DIAL_BACK}; got {address!r}")
+        if address.startswith(DIAL_BACK):
+            relay = address[len(DIAL_BACK):]
+            # two peers behind NAT meet through the relay; anyone else uses the dial-out peer's own connection
+            address = f"{_VIA}{relay}" if self._dial_out and relay else DIAL_BACK
         self._command(("connect", peer_id, address, region, curve_server_key))
 
     def disconnect(self, peer_id: str) -> None:
@@ -259,14 +279,36 @@ class Transport:
         self._allowed.clear()
         self._allowed.update(keys)
 
-    def serve(self, kind: str, handler: Handler) -> None:
-        """Answer requests of ``kind``; the handler runs in a worker thread and returns the reply (or None)."""
-        self._handlers[kind] = handler
+    def serve(self, kind: str, handler: Handler, *, replace: bool = False) -> None:
+        """Answer requests of ``kind``; the handler runs in a worker thread and returns the reply (or None).
 
-    def serve_with_origin(self, kind: str, handler: OriginHandler) -> None:
+        One handler per kind: registering a second one is a :class:`TransportError` naming the kind,
+        unless ``replace=True`` says the caller means to swap it (:meth:`unserve` removes one).
+        """
+        with self._handlers_lock:
+            self._check_free(kind, replace)
+            self._origin_handlers.pop(kind, None)
+            self._handlers[kind] = handler
+
+    def serve_with_origin(self, kind: str, handler: OriginHandler, *, replace: bool = False) -> None:
         """As :meth:`serve`, the handler also given the IP address the request came from (as TCP saw it)."""
-        self._origin_handlers[kind] = handler
-        self._handlers[kind] = lambda m: handler(m, None)
+        with self._handlers_lock:
+            self._check_free(kind, replace)
+            self._origin_handlers[kind] = handler
+            self._handlers[kind] = lambda m: handler(m, None)
+
+    def unserve(self, kind: str) -> None:
+        """Stop answering requests of ``kind`` (nothing happens when none is served)."""
+        with self._handlers_lock:
+            self._origin_handlers.pop(kind, None)
+            self._handlers.pop(kind, None)
+
+    def _check_free(self, kind: str, replace: bool) -> None:
+        if kind in self._handlers and not replace:
+            raise TransportError(
+                f"a handler for {kind!r} is already registered on this transport; "
+                "unserve it first or pass replace=True"
+            )
 
     # -- sending ----------------------------------------------------------------------------------
     def send_async(
@@ -360,6 +402,7 @@ class Transport:
                 sent_messages=self._stats.sent_messages,
                 recv_messages=self._stats.recv_messages,
                 dropped=collections.Counter(self._stats.dropped),
+                relayed_bytes=self._stats.relayed_bytes,
             )
 
     # -- internals: mailbox -----------------------------------------------------------------------
@@ -484,8 +527,8 @@ class Transport:
     def _dial(self, peer: str, remote: _Remote, poller: zmq.Poller, by_socket: dict[Any, str]) -> bool:
         """(Re)open the outbox of ``remote``; with CURVE, watch its handshake. False if it cannot be opened."""
         self._hang_up(remote, poller, by_socket)
-        if remote.address == DIAL_BACK:
-            return True  # no socket: it is sent over the route its own hello came in on
+        if remote.address == DIAL_BACK or remote.address.startswith(_VIA):
+            return True  # no socket: sent over the route its own hello came in on, or through a relay
         try:
             remote.socket = self._open_outbox(remote, remote.server_key)
         except (zmq.ZMQError, AuthenticationError) as e:
@@ -633,6 +676,9 @@ class Transport:
                     else:
                         if flags & zmq.POLLIN:
                             self._receive(sock, routed=False, via=by_socket[sock])
+                            for peer in self._new_routes:
+                                self._flush(peer, poller, timers, seq)
+                            self._new_routes.clear()
                         if flags & zmq.POLLOUT:
                             self._flush(by_socket[sock], poller, timers, seq)
                 while timers and timers[0][0] <= time.monotonic():
@@ -673,8 +719,10 @@ class Transport:
                 remote = self._remotes.get(peer)
                 if server_key is None and remote is not None and remote.address == address:
                     server_key = remote.server_key  # re-connecting without a key keeps the known one
+                if address == DIAL_BACK and self._dial_out and remote is not None and remote.address.startswith(_VIA):
+                    continue  # we are both behind NAT: only the relay the plan named reaches it; keep that
                 if (remote is not None and remote.address == address
-                        and (remote.socket is not None or address == DIAL_BACK)
+                        and (remote.socket is not None or address == DIAL_BACK or address.startswith(_VIA))
                         and remote.server_key == server_key and not remote.refused):
                     remote.region = region or remote.region
                     continue
@@ -711,6 +759,16 @@ class Transport:
                     fut: concurrent.futures.Future[int] = concurrent.futures.Future()
                     remote.pending.append(_Outgoing(frames, nbytes, fut, now, now + self.config.send_timeout_s))
                     self._flush(to, poller, timers, seq)
+            elif op == "reply_relayed":  # a request that came through a relay: answer through it
+                _, to, relay, frames = cmd
+                remote = self._remotes.get(to)
+                if remote is None:
+                    remote = self._remotes[to] = _Remote(address=f"{_VIA}{relay}", region="")
+                now = time.monotonic()
+                nbytes = sum(memoryview(f).nbytes for f in frames)
+                done: concurrent.futures.Future[int] = concurrent.futures.Future()
+                remote.pending.append(_Outgoing(frames, nbytes, done, now, now + self.config.send_timeout_s))
+                self._flush(to, poller, timers, seq)
             elif op == "hello":
                 for peer, remote in self._remotes.items():
                     self._hello(peer, remote)
@@ -722,6 +780,9 @@ class Transport:
             return
         if remote.address == DIAL_BACK:
             self._flush_back(peer, remote, timers, seq)
+            return
+        if remote.address.startswith(_VIA):
+            self._flush_via(peer, remote, poller, timers, seq)
             return
         if remote.socket is None:
             return
@@ -750,6 +811,43 @@ class Transport:
                 self._stats.sent_messages += 1
             _done(out.future, out.nbytes)
         poller.modify(remote.socket, zmq.POLLIN)
+
+    def _flush_via(self, peer: str, remote: _Remote, poller: zmq.Poller, timers: list[Any], seq: Any) -> None:
+        """Hand what is due for ``peer`` to its relay, each message behind a header naming ``peer``."""
+        relay = remote.address[len(_VIA):]
+        via = self._remotes.get(relay)
+        now = time.monotonic()
+        while remote.pending:
+            out = remote.pending[0]
+            if via is None or relay == peer:
+                remote.pending.popleft()
+                _fail(out.future, TransportError(f"{peer} is reached through relay {relay}, which this peer has "
+                                                 "not connected"))
+                continue
+            if out.ready_at > now:  # emulated delay of the end-to-end link: held here, not at the relay
+                heapq.heappush(timers, (out.ready_at, next(seq), peer))
+                return
+            remote.pending.popleft()
+            header = msgcodec.encode(Message(RELAY, meta={"to": peer}), sender=self.peer_id)
+            via.pending.append(_Outgoing([*header, *out.frames], out.nbytes, out.future, now, out.deadline))
+        if via is not None:
+            self._flush(relay, poller, timers, seq)
+
+    def _relay(self, sender: str, header: Header, inner: list[zmq.Frame]) -> None:
+        """Forward ``inner`` (a whole message from ``sender``) to the peer ``header.meta['to']``."""
+        to = header.meta.get("to")
+        remote = self._remotes.get(to) if isinstance(to, str) else None
+        if remote is None or to == sender or remote.address.startswith(_VIA) or not inner:
+            self._count_drop("RelayRefused", sender, f"no connection to relay to ({to!r})")
+            return
+        wrapped = [*msgcodec.encode(Message(RELAYED, meta={"from": sender}), sender=self.peer_id), *inner]
+        now = time.monotonic()
+        nbytes = sum(f.buffer.nbytes for f in inner)
+        done: concurrent.futures.Future[int] = concurrent.futures.Future()
+        remote.pending.append(_Outgoing(wrapped, nbytes, done, now, now + self.config.send_timeout_s))
+        with self._stats_lock:
+            self._stats.relayed_bytes += nbytes
+        self._new_routes.add(to)
 
     def _flush_back(self, peer: str, remote: _Remote, timers: list[Any], seq: Any) -> None:
         """Send what is due for a dial-back peer over the route of its own connection to our inbox."""
@@ -830,19 +928,34 @@ class Transport:
             return False
         return isinstance(user, str) and user.encode() == remote.server_key
 
-    def _accept(self, frames: list[zmq.Frame], route: bytes | None, via: str | None = None) -> None:
+    def _accept(self, frames: list[zmq.Frame], route: bytes | None, via: str | None = None,
+                relayed_from: str | None = None) -> None:
         sender = "?"
         try:
             check_frame_count(len(frames), self._limits)
             header = unpack_header(frames[0].buffer, self._limits)
             sender = header.sender
-            if self.config.curve is not None and not self._sender_proven(sender, frames[0], via):
+            if relayed_from is not None:
+                if sender != relayed_from or header.kind in (HELLO, RELAY, RELAYED):
+                    self._count_drop("AuthenticationError", sender, f"relay {via} named {relayed_from!r} as the "
+                                     "sender of another peer's message (or nested a relay)")
+                    return
+            elif self.config.curve is not None and not self._sender_proven(sender, frames[0], via):
                 self._count_drop("AuthenticationError", sender, "the header names a peer other than the one "
                                  "whose CURVE key sent it")
                 return
-            if route is not None and self._learn_route(sender, route, frames[0]):
+            if route is not None and relayed_from is None and self._learn_route(sender, route, frames[0]):
                 self._new_routes.add(sender)
             if header.kind == HELLO:
+                return
+            if header.kind == RELAY:
+                self._relay(sender, header, frames[1:])
+                return
+            if header.kind == RELAYED:
+                origin_peer = header.meta.get("from")
+                if not isinstance(origin_peer, str) or via is None and route is None:
+                    raise ProtocolError("a relayed message must name its sender")
+                self._accept(frames[1:], None, via=via or sender, relayed_from=origin_peer)
                 return
             tensors = split_tensors(header, [f.buffer for f in frames[1:]], self._limits)
             if not self._fresh(header):
@@ -860,7 +973,7 @@ class Transport:
                 origin = frames[0].get("Peer-Address")
             except zmq.ZMQError:
                 origin = None
-        item = _Inbound(header, tensors, nbytes, route, via, origin)
+        item = _Inbound(header, tensors, nbytes, route, via, origin, relayed_from)
         if header.rpc is not None and not header.rpc.get("reply"):
             handler = self._handlers.get(header.kind)
             if handler is None or (route is None and via is None):
@@ -889,7 +1002,9 @@ class Transport:
             return
         assert item.header.rpc is not None
         frames = msgcodec.encode(reply, sender=self.peer_id, rpc={"id": item.header.rpc["id"], "reply": True})
-        if item.route is not None:
+        if item.relayed_from is not None:
+            self._command(("reply_relayed", item.relayed_from, item.via, frames))
+        elif item.route is not None:
             self._command(("reply", item.route, frames, item.header.sender))
         else:
             self._command(("reply_via", item.via, frames))

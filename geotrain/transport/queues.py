@@ -25,6 +25,7 @@ class TransportStats:
     sent_messages: int = 0
     recv_messages: int = 0
     dropped: collections.Counter[str] = field(default_factory=collections.Counter)
+    relayed_bytes: int = 0  # bytes this peer forwarded as a relay for two others
 
 
 @dataclass
@@ -44,6 +45,7 @@ class _Inbound:
     route: bytes | None  # ROUTER identity to reply through, if it came in on the inbox
     via: str | None = None  # the peer whose connection (our outbox) it came in on, if not the inbox
     origin: str | None = None  # the IP address it came from (inbox only; ZMQ's Peer-Address)
+    relayed_from: str | None = None  # the peer that sent it through the relay ``via``
     seq: int = 0  # arrival order in the mailbox (which unclaimed message is the oldest)
 
 

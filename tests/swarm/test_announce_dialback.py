@@ -134,3 +134,60 @@ def test_curve_route_needs_the_connected_key(started: list[Transport]) -> None:
         pub.send("nat", Message("act", tag=(3,)), timeout=1.0)
     with pytest.raises(PeerTimeoutError):
         forger.recv("act", (3,), timeout=0.2)
+
+
+@pytest.mark.parametrize("closed", [False, True], ids=["open", "curve"])
+def test_two_dial_out_peers_talk_through_a_relay(started: list[Transport], closed: bool) -> None:
+    keys = {name: zmq.curve_keypair() for name in ("relay", "a", "b")}
+
+    def cfg(name: str, **kw: object) -> TransportConfig:
+        if not closed:
+            return TransportConfig(**kw)  # type: ignore[arg-type]
+        others = frozenset(k[0] for n, k in keys.items() if n != name)
+        return TransportConfig(curve=CurveConfig(public_key=keys[name][0], secret_key=keys[name][1],
+                                                 allowed_clients=others), **kw)  # type: ignore[arg-type]
+
+    def key(name: str) -> bytes | None:
+        return keys[name][0] if closed else None
+
+    relay = _start(started, cfg("relay"), "relay")
+    a = _start(started, cfg("a", dial_out=True), "a")
+    b = _start(started, cfg("b", dial_out=True), "b")
+    _echo(b)
+    for nat in (a, b):  # both dial the relay; the relay is told they are behind NAT
+        nat.connect("relay", relay.address, curve_server_key=key("relay"))
+        relay.connect(nat.peer_id, f"{DIAL_BACK}relay", curve_server_key=key(nat.peer_id))
+    a.connect("b", f"{DIAL_BACK}relay", curve_server_key=key("b"))
+    b.connect("a", f"{DIAL_BACK}relay", curve_server_key=key("a"))
+    x = torch.arange(1000, dtype=torch.float32)
+    a.send("b", Message("act", tag=(5,), tensors={"x": x}), timeout=10)
+    got = b.recv("act", (5,), timeout=10)
+    assert got.sender == "a" and torch.equal(got.tensors["x"], x)
+    b.send("a", Message("grad", tag=(5,), tensors={"x": -x}), timeout=10)
+    assert torch.equal(a.recv("grad", (5,), timeout=10).tensors["x"], -x)
+    assert a.request("b", Message("echo"), timeout=10).meta["from"] == "b"  # and the reply comes back relayed
+    assert relay.stats.relayed_bytes >= 2 * x.numel() * 4
+
+
+def test_a_relay_cannot_pass_off_one_peers_message_as_anothers(started: list[Transport]) -> None:
+    """The destination accepts a relayed message only from the sender the relay names."""
+    from geotrain.transport import message as msgcodec
+    from geotrain.transport.endpoint import RELAYED
+
+    b = _start(started, TransportConfig(dial_out=True), "b")
+    rogue = zmq.Context.instance().socket(zmq.ROUTER)  # plays a relay that b dialled
+    try:
+        port = rogue.bind_to_random_port("tcp://127.0.0.1")
+        b.connect("relay", f"tcp://127.0.0.1:{port}")
+        route, *_ = rogue.recv_multipart()  # b's hello
+        inner = msgcodec.encode(Message("act", tag=(9,)), sender="mallory")
+        outer = msgcodec.encode(Message(RELAYED, meta={"from": "alice"}), sender="relay")
+        rogue.send_multipart([route, *outer, *inner])
+        honest = msgcodec.encode(Message("act", tag=(10,)), sender="alice")
+        rogue.send_multipart([route, *outer, *honest])
+        assert b.recv("act", (10,), timeout=10).sender == "alice"
+        with pytest.raises(PeerTimeoutError):
+            b.recv("act", (9,), timeout=0.2)
+        assert b.stats.dropped["AuthenticationError"] == 1
+    finally:
+        rogue.close(linger=0)

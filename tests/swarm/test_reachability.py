@@ -14,11 +14,13 @@ from geotrain.peers.probe import serve_probes
 from geotrain.peers.reachability import (
     Reachability,
     ReachabilityConfig,
+    assign_relay,
     helpers_for,
     may_dial,
     plannable_peers,
     preflight,
 )
+from geotrain.plan import StageSlot
 from geotrain.swarm import SwarmConfig
 from geotrain.swarm.records import DIAL_BACK, PeerRecord
 from geotrain.transport import Transport, TransportConfig
@@ -112,7 +114,7 @@ def test_helpers_are_dialable_peers_from_other_regions_first() -> None:
     assert [r.peer_id for r in helpers_for(peers, me="me", region="eu", count=5)] == ["far", "same"]
 
 
-def test_plans_take_at_most_one_dial_out_peer_and_no_undialable_one() -> None:
+def test_plans_take_no_undialable_peer_and_dial_out_peers_only_with_a_relay() -> None:
     peers = {
         "a": rec("a", reachable=True),
         "b": rec("b"),  # not checked yet: planned as before
@@ -120,7 +122,10 @@ def test_plans_take_at_most_one_dial_out_peer_and_no_undialable_one() -> None:
         "n2": rec("n2", endpoint=DIAL_BACK, reachable=False, flops=5e9),
         "x": rec("x", reachable=False),  # nobody can dial it and it does not dial out
     }
-    assert list(plannable_peers(peers)) == ["a", "b", "n2"]
+    assert list(plannable_peers(peers)) == ["a", "b", "n1", "n2"]
+    assert list(plannable_peers(peers, relays=False)) == ["a", "b", "n2"]  # the fastest dial-out peer only
+    only_nat = {k: v for k, v in peers.items() if k.startswith("n")}
+    assert list(plannable_peers(only_nat)) == ["n2"]  # nobody could relay between them
     rows = [{**r.to_wire(), "heartbeat_age_s": 0.0, "reachability": reachability_word(r)} for r in peers.values()]
     assert [row["reachability"] for row in rows] == ["reachable", "unknown", "dial-out", "dial-out", "unreachable"]
     found = problems(rows, [])
@@ -139,3 +144,15 @@ def test_announce_flags_are_checked() -> None:
     wild = SwarmConfig(host="0.0.0.0", port=4001).announce_maddrs()
     assert wild and not any("/0.0.0.0/" in m for m in wild) and all(m.endswith("/tcp/4001") for m in wild)
     assert Reachability(reachable=None).dht_reachable is None
+
+
+def test_two_dial_out_peers_of_a_plan_get_a_relay_from_their_region() -> None:
+    def slot(peer: str, region: str, endpoint: str) -> StageSlot:
+        return StageSlot(peer=peer, start=0, end=1, endpoint=endpoint, region=region)
+
+    pipes = [[slot("a", "us", "tcp://10.0.0.1:1"), slot("n1", "home", DIAL_BACK)],
+             [slot("h", "home", "tcp://10.0.0.2:1"), slot("n2", "home", DIAL_BACK)]]
+    out = assign_relay(pipes)
+    assert [[s.endpoint for s in p] for p in out] == [["tcp://10.0.0.1:1", f"{DIAL_BACK}h"],
+                                                      ["tcp://10.0.0.2:1", f"{DIAL_BACK}h"]]
+    assert assign_relay(pipes[:1]) == pipes[:1]  # one dial-out peer needs no relay
