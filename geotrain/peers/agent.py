@@ -42,7 +42,7 @@ from geotrain.plan import JobPlan
 from geotrain.swarm import Swarm
 from geotrain.swarm.news import PLAN_NEWS, PROGRESS_NEWS, Contact, NewsWaiter, send_news, serve_news
 from geotrain.swarm.records import LinkMeasurement, LinkRow, PeerRecord, PeerStatus, ProgressRecord
-from geotrain.transport import Message, Transport
+from geotrain.transport import Transport
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +106,7 @@ class PeerAgent:
         # the watcher reads the DHT every poll_s, or at once when the coordinator sends news of a plan
         self._plan_news = NewsWaiter(self._stop, poll_s=config.poll_s)
         self._coordinator: Contact | None = None  # where to send news of this peer's progress
+        self._sync_router: Any = None  # GroupRouter: sync.ping / sync.ask on this transport, built at start
 
     # -- setup ------------------------------------------------------------------------------------
     def start(self) -> PeerRecord:
@@ -146,9 +147,11 @@ class PeerAgent:
         warm.start()
         self._threads.append(warm)
         serve_probes(self.transport)
-        # answered from the start: a stage-group member checks its round leader with it, maybe before
-        # the leader has built its round runner (which serves it too)
-        self.transport.serve("sync.ping", lambda req: Message("sync.pong"))
+        # sync.ping is answered from the start: a stage-group member checks its round leader with it, maybe
+        # before the leader has built its round runner; one router serves it and sync.ask for every group
+        from geotrain.sync.round import GroupRouter
+
+        self._sync_router = GroupRouter(self.transport)
         from geotrain.peers.state import serve_state
 
         serve_state(self.transport, lambda: self._worker, lambda: self._last_state)
@@ -373,6 +376,7 @@ class PeerAgent:
                 previous_plan=previous if same_job else None,
                 device=self._device,
                 links=dict(self._links),
+                router=self._sync_router,
             )
         except GeotrainError as e:
             # e.g. a checkpoint that cannot be read: this peer sits the plan out; the coordinator replans

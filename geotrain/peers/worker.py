@@ -32,7 +32,7 @@ from geotrain.pipeline import StageConfig, StageRuntime
 from geotrain.pipeline.lr import LRSchedule
 from geotrain.plan import JobPlan, SyncGroup
 from geotrain.swarm.records import LinkMeasurement
-from geotrain.sync import DiLoCoConfig, DiLoCoSync, Member, StaticMembership
+from geotrain.sync import DiLoCoConfig, DiLoCoSync, GroupRouter, Member, StaticMembership
 from geotrain.transport import Transport
 
 logger = logging.getLogger(__name__)
@@ -69,6 +69,7 @@ class StageWorker:
         previous_plan: JobPlan | None = None,
         links: dict[str, LinkMeasurement] | None = None,
         device: str = "cpu",
+        router: GroupRouter | None = None,
     ) -> None:
         slot_at = plan.slot_of(peer_id)
         if slot_at is None:
@@ -139,22 +140,30 @@ class StageWorker:
         # only while applying a round, so a donor answers a joiner at once even while its round is in flight
         self._commit_lock = threading.Lock()
         self.syncs: list[DiLoCoSync] = []
-        for g in groups:
-            params = [(n, named[n]) for n in named if g.start <= block_of(n) < g.end]
-            members = [
-                Member(peer_id=m, region=everyone[m].region or "default", address=everyone[m].endpoint)
-                for m in g.members
-            ]
-            sync = DiLoCoSync(
-                self._sync_config(g), params=params, transport=transport, membership=StaticMembership(members),
-                commit_lock=self._commit_lock,
-            )
-            sync.set_context(job=plan.job_id, plan_version=plan.version)
-            if state is not None and all(n in state.params for n, _ in params):
-                load_named_state(sync, state)
-            elif state is not None:
-                logger.warning("group %s: no complete global state; its blocks restart from the seed", g.name)
-            self.syncs.append(sync)
+        # every group of this stage answers sync.ask through one router per transport (the agent's, or ours)
+        self._own_router = router is None
+        self._router = router if router is not None else GroupRouter(transport)
+        try:
+            for g in groups:
+                params = [(n, named[n]) for n in named if g.start <= block_of(n) < g.end]
+                members = [
+                    Member(peer_id=m, region=everyone[m].region or "default", address=everyone[m].endpoint)
+                    for m in g.members
+                ]
+                sync = DiLoCoSync(
+                    self._sync_config(g), params=params, transport=transport, membership=StaticMembership(members),
+                    commit_lock=self._commit_lock, router=self._router,
+                )
+                self.syncs.append(sync)
+                sync.set_context(job=plan.job_id, plan_version=plan.version)
+                if state is not None and all(n in state.params for n, _ in params):
+                    load_named_state(sync, state)
+                elif state is not None:
+                    logger.warning("group %s: no complete global state; its blocks restart from the seed", g.name)
+        except Exception:
+            self._close_syncs()  # a half-built worker must not keep its groups registered on the transport
+            self.runtime.close()
+            raise
         self.tokens = 0
         self.last_loss: float | None = None
         self.compute_s = 0.0
@@ -319,9 +328,18 @@ class StageWorker:
         return StageState(self.plan.job_id, rnd, self._step, params, momentum)
 
     def close(self) -> None:
-        for sync in self.syncs:
-            sync.close()
+        self._close_syncs()
         self.runtime.close()
+
+    def _close_syncs(self) -> None:
+        try:
+            for sync in self.syncs:
+                sync.close()
+        finally:
+            for sync in self.syncs:
+                sync.runner.close()  # idempotent: unregistered even when a flush failed
+            if self._own_router:
+                self._router.close()
 
 
 def _split(flat: torch.Tensor, names: tuple[str, ...], params: tuple[torch.nn.Parameter, ...]) -> dict[str, torch.Tensor]:

@@ -14,12 +14,13 @@ from geotrain.sync.config import DiLoCoConfig
 from geotrain.sync.diloco import DiLoCoSync
 from geotrain.sync.membership import Member, Membership, RoundId, RoundRoles, StaticMembership
 from geotrain.sync.outer import Fragment, OuterState, split_fragments
-from geotrain.sync.round import RoundOutcome, RoundStatus, SyncStats
+from geotrain.sync.round import GroupRouter, RoundOutcome, RoundStatus, SyncStats
 
 __all__ = [
     "DiLoCoConfig",
     "DiLoCoSync",
     "Fragment",
+    "GroupRouter",
     "Member",
     "Membership",
     "OuterState",

@@ -38,7 +38,7 @@ from geotrain.errors import ConfigError
 from geotrain.sync.config import DiLoCoConfig
 from geotrain.sync.membership import Membership, RoundId
 from geotrain.sync.outer import Fragment, OuterState, commit, split_fragments
-from geotrain.sync.round import RoundOutcome, RoundRunner, SyncStats
+from geotrain.sync.round import GroupRouter, RoundOutcome, RoundRunner, SyncStats
 from geotrain.transport import Transport
 
 __all__ = ["DiLoCoSync"]
@@ -59,8 +59,10 @@ class DiLoCoSync:
     Build it on every member from the same parameter list (same names, same
     order, same initial values) and call :meth:`after_inner_step` with the
     number of inner steps completed so far. Several instances (one per stage group, each with its own
-    ``config.group``) may share a transport: ``sync.ask`` is dispatched by group. It
-    serves ``sync.ask`` requests on it.
+    ``config.group``) may share a transport when they share its ``router``
+    (:class:`~geotrain.sync.round.GroupRouter`: ``sync.ask`` is dispatched by group);
+    without one, the sync's runner serves ``sync.ping``/``sync.ask`` on the transport
+    itself. :meth:`close` unregisters the group.
     """
 
     def __init__(
@@ -72,6 +74,7 @@ class DiLoCoSync:
         membership: Membership,
         clock: Callable[[], float] = time.monotonic,
         commit_lock: threading.Lock | None = None,
+        router: GroupRouter | None = None,
     ) -> None:
         if config.backend != "geotrain":
             raise ConfigError("DiLoCoSync runs backend 'geotrain'; use HivemindDiLoCoSync for backend 'hivemind'")
@@ -80,7 +83,8 @@ class DiLoCoSync:
         self.fragments: list[Fragment] = split_fragments(list(params), config.fragments)
         self.outer = [OuterState(f.flat(), config) for f in self.fragments]
         self.runner = RoundRunner(
-            config, transport=transport, membership=membership, numels=[f.numel for f in self.fragments], clock=clock
+            config, transport=transport, membership=membership, numels=[f.numel for f in self.fragments], clock=clock,
+            router=router,
         )
         self._pool = (
             concurrent.futures.ThreadPoolExecutor(config.fragments, thread_name_prefix="gt-sync")
@@ -137,9 +141,13 @@ class DiLoCoSync:
         return [self._apply_pending(p) for p in sorted(self._pending)]
 
     def close(self) -> None:
-        self.flush()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
+        """Apply the rounds in flight, stop the round threads, unregister this group from the transport."""
+        try:
+            self.flush()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+            self.runner.close()
 
     def _apply_pending(self, fragment: int) -> RoundOutcome:
         pending = self._pending.pop(fragment)

@@ -64,7 +64,6 @@ import logging
 import math
 import threading
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -75,6 +74,7 @@ import torch
 from geotrain.errors import (
     BadContributionError,
     CodecError,
+    ConfigError,
     PeerTimeoutError,
     RoundAbortedError,
     TransportError,
@@ -85,7 +85,7 @@ from geotrain.sync.membership import Membership, RoundId, RoundRoles
 from geotrain.sync.payload import CARRIER, decode_payload, encode_payload
 from geotrain.transport import Message, Transport
 
-__all__ = ["RoundOutcome", "RoundRunner", "RoundStatus", "SyncStats"]
+__all__ = ["GroupRouter", "RoundOutcome", "RoundRunner", "RoundStatus", "SyncStats"]
 
 logger = logging.getLogger(__name__)
 
@@ -157,8 +157,71 @@ class SyncStats:
     wait_s: float = 0.0
 
 
+class GroupRouter:
+    """The round-control requests of one transport, for every stage group it carries.
+
+    It serves ``sync.ping`` (is this peer's data plane up? a member asks its round
+    leader) and ``sync.ask`` (what became of a round? routed to the runner of the
+    stage group the request names). A transport serves each kind once, so one
+    router per transport, registered once and held by an explicit owner: the peer
+    agent (from its start, so a member's ping is answered before any runner
+    exists), or a :class:`RoundRunner` built without one, which then closes it with
+    itself. Runners :meth:`add` their group when built and :meth:`remove` it when
+    closed, so a closed runner is not kept alive by the transport.
+
+    Thread ownership: ``_groups`` is guarded by ``_lock``; requests arrive on the
+    transport's handler pool while runners come and go on the agent's thread.
+    """
+
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
+        self._lock = threading.Lock()
+        self._groups: dict[str, Callable[[Message], Message]] = {}
+        transport.serve("sync.ping", lambda req: Message("sync.pong"))
+        try:
+            transport.serve("sync.ask", self._dispatch)
+        except TransportError:
+            transport.unserve("sync.ping")
+            raise
+
+    def add(self, group: str, answer: Callable[[Message], Message]) -> None:
+        """Route ``sync.ask`` for ``group`` to ``answer``; a group has one runner per transport."""
+        with self._lock:
+            if group in self._groups:
+                raise ConfigError(f"stage group {group!r} already has a round runner on this transport")
+            self._groups[group] = answer
+
+    def remove(self, group: str, answer: Callable[[Message], Message] | None = None) -> None:
+        """Forget ``group`` (only if it is still routed to ``answer``, when given: a newer runner stays)."""
+        with self._lock:
+            if answer is None or self._groups.get(group) == answer:
+                self._groups.pop(group, None)
+
+    @property
+    def groups(self) -> list[str]:
+        with self._lock:
+            return sorted(self._groups)
+
+    def close(self) -> None:
+        """Stop serving both kinds on the transport; every group is forgotten."""
+        with self._lock:
+            self._groups.clear()
+        self.transport.unserve("sync.ask")
+        self.transport.unserve("sync.ping")
+
+    def _dispatch(self, req: Message) -> Message:
+        with self._lock:
+            handler = self._groups.get(str(req.meta.get("group")))
+        return handler(req) if handler is not None else Message("sync.answer", meta={"status": RoundStatus.UNKNOWN.value})
+
+
 class RoundRunner:
-    """Runs rounds for one member (thread-safe: one thread per fragment may call :meth:`run`)."""
+    """Runs rounds for one member (thread-safe: one thread per fragment may call :meth:`run`).
+
+    ``router``: the transport's :class:`GroupRouter` (shared by every group on it); without one the runner
+    makes its own, which then means no other group may take rounds on this transport. :meth:`close`
+    unregisters the group.
+    """
 
     def __init__(
         self,
@@ -168,6 +231,7 @@ class RoundRunner:
         membership: Membership,
         numels: Sequence[int],
         clock: Callable[[], float] = time.monotonic,
+        router: GroupRouter | None = None,
     ) -> None:
         self.config = config
         self.transport = transport
@@ -182,8 +246,20 @@ class RoundRunner:
         self._residual: dict[tuple[str, int], torch.Tensor] = {}
         self._final: dict[tuple[int, int], RoundOutcome] = {}  # definitive outcomes, for sync.ask
         self._regions: dict[str, str] = {}
-        _serve_group(transport, config.group, self._answer)
-        transport.serve("sync.ping", lambda req: Message("sync.pong"))
+        self._owns_router = router is None
+        self.router = router if router is not None else GroupRouter(transport)
+        try:
+            self.router.add(config.group, self._answer)
+        except ConfigError:
+            if self._owns_router:
+                self.router.close()
+            raise
+
+    def close(self) -> None:
+        """Stop answering for this group (and close the router when this runner made it). Idempotent."""
+        self.router.remove(self.config.group, self._answer)
+        if self._owns_router:
+            self.router.close()
 
     def set_context(self, *, job: str, plan_version: int) -> None:
         """Stamp outbound round messages so receivers with a transport context keep them."""
@@ -679,23 +755,3 @@ def _shard_bounds(n: int, parts: int) -> list[tuple[int, int]]:
     """``parts`` contiguous, near-equal slices of ``range(n)``."""
     edges = [(n * i) // parts for i in range(parts + 1)]
     return [(edges[i], edges[i + 1]) for i in range(parts)]
-
-
-# One transport may carry several stage groups (a peer whose stage spans segments that are synced
-# with different peers): ``sync.ask`` is answered by the runner of the group the request names.
-_group_runners: weakref.WeakKeyDictionary[Transport, dict[str, Callable[[Message], Message]]] = weakref.WeakKeyDictionary()
-_group_lock = threading.Lock()
-
-
-def _serve_group(transport: Transport, group: str, answer: Callable[[Message], Message]) -> None:
-    with _group_lock:
-        table = _group_runners.get(transport)
-        if table is None:
-            table = _group_runners[transport] = {}
-
-            def dispatch(req: Message) -> Message:
-                handler = table.get(str(req.meta.get("group")))
-                return handler(req) if handler is not None else Message("sync.answer", meta={"status": "unknown"})
-
-            transport.serve("sync.ask", dispatch)
-        table[group] = answer
