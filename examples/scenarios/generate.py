@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from geotrain.planner.catalog import ESTIMATED, dtfm_scenario, heterogeneous_price
-from geotrain.planner.generate import new_user_swarm, uneven_swarm
+from geotrain.planner.generate import heterogeneous_mix, new_user_swarm, uneven_swarm
 
 HERE = Path(__file__).resolve().parent
 
@@ -19,6 +19,7 @@ def main() -> None:
     files["heterogeneous_price.json"] = heterogeneous_price()
     files["uneven_64.json"] = uneven_swarm(0)
     files["new_user_swarm.json"] = new_user_swarm()
+    files["heterogeneous_mix.json"] = heterogeneous_mix()
     for name, d in files.items():
         (HERE / name).write_text(json.dumps(d, indent=1) + "\n")
         print(f"wrote {name}: {len(d['peers'])} peers, {len(d['regions'])} regions")

@@ -129,3 +129,25 @@ def new_user_swarm(*, tflops: dict[str, float] | None = None) -> dict[str, Any]:
             "links": _links(names), "peers": peers, "model": dict(GPT3_XL),
             "job": {"micro_batch": 1, "micro_batches": 32, "sync_every": 100, "activation_codec": "int8",
                     "sync_codec": "int4", "objective": "throughput"}}
+
+
+def heterogeneous_mix() -> dict[str, Any]:
+    """H100 / A100 / RTX 4090 / T4 across three regions, a 2.7B model whose even split does not fit the small cards.
+
+    Issue 20's mixed-devices case: one layer split for every pipeline sizes each stage for
+    the smallest card in its column, so big and small peers waste each other; per-pipeline
+    splits cut each pipeline for its own peers.
+    """
+    names = ["virginia", "frankfurt", "tokyo"]
+    kinds = {"virginia": [("h100", 2), ("a100", 4)], "frankfurt": [("4090", 8)], "tokyo": [("t4", 8), ("a100", 2)]}
+    peers = []
+    for region, mix in kinds.items():
+        for kind, count in mix:
+            tflops, mem, usd = DEVICES[kind]
+            peers += [{"id": f"{region[:3]}-{kind}-{i}", "region": region, "tflops": tflops, "memory_gb": mem,
+                       "usd_per_hour": usd} for i in range(count)]
+    model = {"layers": 32, "hidden": 2560, "seq_len": 2048, "vocab": 50257, "dtype_bytes": 2}
+    return {"name": "H100/A100/4090/T4 mix over 3 regions, 2.7B model", "regions": _regions(names),
+            "links": _links(names), "peers": peers, "model": model,
+            "job": {"micro_batch": 1, "micro_batches": 32, "sync_every": 100, "activation_codec": "int8",
+                    "sync_codec": "int4", "objective": "throughput"}}

@@ -19,7 +19,15 @@ from geotrain.planner import baselines as bl
 from geotrain.planner.costmodel import CostModel, Prediction, StageAssignment
 from geotrain.planner.objective import Objective
 from geotrain.planner.scenario import Scenario
-from geotrain.planner.search import Candidate, Scorer, can_hold, exhaustive, exhaustive_size, heuristic
+from geotrain.planner.search import (
+    Candidate,
+    Scorer,
+    add_pipelines,
+    can_hold,
+    exhaustive,
+    exhaustive_size,
+    heuristic,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -200,6 +208,10 @@ def plan(
         method, found = "heuristic", heuristic(score, ids, seed=seed, time_budget_s=time_budget_s, moves=moves)
     best = score.incumbent if found is None or (score.incumbent is not None
                                                  and score.incumbent.score < found.score) else found
+    rect = best  # the baselines get this one's shape
+    if best is not None and not exact:
+        # pipelines of other stage counts on the spares (a rectangular grid holds one count)
+        best = add_pipelines(score, best, ids)
     solve_s, solve_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     if best is None:
         raise InfeasiblePlanError(f"no feasible plan: {score.last_reason}")
@@ -210,7 +222,8 @@ def plan(
     chosen_from = "search"
     search_pred = best.prediction
     if baselines:
-        S, P = len(best.grid[0]), len(best.grid)
+        assert rect is not None
+        S, P = len(rect.grid[0]), len(rect.grid)
         for name in BASELINES:
             t1, c1 = time.perf_counter(), time.process_time()
             c: Candidate | None
@@ -227,10 +240,23 @@ def plan(
             base[name] = None if c is None else c.prediction
             if c is None:
                 base_why[name] = f"no feasible {P} x {S} assignment: {score.last_reason}"
+        # the best plan with one split for all pipelines, same cost model and search budget
+        t1, c1 = time.perf_counter(), time.process_time()
+        uni = Scorer(cm, obj, shared=score, per_pipeline=False)
+        if exact:
+            c = exhaustive(uni, ids)
+        else:
+            c = heuristic(uni, ids, seed=seed, time_budget_s=time_budget_s, moves=moves)
+        base_s["uniform_split"] = time.perf_counter() - t1
+        base_cpu["uniform_split"] = time.process_time() - c1
+        base["uniform_split"] = None if c is None else c.prediction
+        if c is None:
+            base_why["uniform_split"] = f"no feasible plan with one split for all pipelines: {uni.last_reason}"
         # the plan is the best candidate anything evaluated, baselines included
         inc = score.incumbent
         if inc is not None and inc.score < best.score:
             chosen_from = next((k for k, v in base.items() if v is inc.prediction), "baselines")
+            chosen_from = chosen_from.replace("uniform_split", "search")  # the same search, one split
             best = inc
     if obj.violation(best.prediction) > 0:
         p = best.prediction

@@ -57,9 +57,12 @@ class Scorer:
     """
 
     def __init__(self, cm: CostModel, objective: Objective, *, target: Objective | None = None,
-                 shared: Scorer | None = None) -> None:
+                 shared: Scorer | None = None, per_pipeline: bool = True) -> None:
         self.cm = cm
         self.objective = objective
+        # per-pipeline splits: each pipeline's boundaries from its own peers (False: one split for all,
+        # the ``uniform_split`` baseline)
+        self.per_pipeline = per_pipeline
         self.target = target or objective
         # a scorer steering by another objective shares its split cache and incumbent with ``shared``
         self._root: Scorer = shared._root if shared is not None else self
@@ -105,14 +108,9 @@ class Scorer:
             self._fail(grid, "a pipeline hop joins peers with no link between them")
             return None
         bounds = split_layers(self.cm, key, self.split_cache)
-        if bounds is None:
-            self._fail(grid, _memory_reason(self.cm, grid))
-            return None
-        c = self._candidate(grid, bounds)
-        if c is None:
-            return None
-        # rounds that do not hide behind compute: also try the split that weighs each stage's round
-        if c.prediction.exposed_sync_s > 0:
+        c = None if bounds is None else self._candidate(grid, bounds)
+        if c is not None and bounds is not None and c.prediction.exposed_sync_s > 0:
+            # rounds that do not hide behind compute: also try the split that weighs each stage's round
             sync = sync_terms(self.cm, grid)
             if sync is not None:
                 alt_bounds = split_layers(self.cm, (*key, sync), self.split_cache)
@@ -120,8 +118,39 @@ class Scorer:
                     alt = self._candidate(grid, alt_bounds)
                     if alt is not None and alt.score < c.score:
                         c = alt
+        if self.per_pipeline and 1 < len(grid) <= _PER_PIPELINE_MAX:
+            mixed = self._per_pipeline(grid, uniform_fits=c is not None)
+            if mixed is not None and (c is None or mixed.score < c.score):
+                c = mixed
+        if c is None:
+            if bounds is None:
+                self._fail(grid, _memory_reason(self.cm, grid))
+            return None
         self._offer(c)
         return c
+
+    def _per_pipeline(self, grid: Grid, *, uniform_fits: bool) -> Candidate | None:
+        """Each pipeline cut for its own peers (speed, memory, links), or None when that is the uniform split.
+
+        Pipelines whose peers are alike get the same boundaries (the same split key), so their
+        stage groups stay whole; a pipeline of fast or large peers gets its own. Stage groups
+        then form by layer segment (``costmodel``), which the cost model prices exactly.
+        """
+        peers = self.cm.sc._peer
+        if uniform_fits and len({(peers[q].flops, peers[q].memory_bytes) for row in grid for q in row}) == 1:
+            return None  # one kind of device: rows differ only by links, not worth a split each
+        maybe = [column_key(self.cm, (row,)) for row in grid]
+        keys = [k for k in maybe if k is not None]
+        if len(keys) < len(maybe) or (uniform_fits and len(set(keys)) == 1):
+            return None
+        rows_bounds = [split_layers(self.cm, k, self.split_cache) for k in keys]
+        if any(b is None for b in rows_bounds):
+            return None
+        pipes = [assign((row,), b)[0] for row, b in zip(grid, rows_bounds, strict=True) if b is not None]
+        pred = self.cm.predict(pipes, detail=False, trusted=True)
+        if isinstance(pred, str):
+            return None
+        return Candidate(self.objective.score(pred), grid, pipes, pred)
 
     def _candidate(self, grid: Grid, bounds: Sequence[int]) -> Candidate | None:
         pipes = assign(grid, bounds)
@@ -134,6 +163,7 @@ class Scorer:
 
 _SEEN_LIMIT = 50_000  # grids whose score a Scorer remembers
 _PATIENCE = 200  # sampled moves without a gain before a local search stops
+_PER_PIPELINE_MAX = 64  # more pipelines than this keep one split (a split each costs a DP per distinct row)
 _KICKS = 20  # iterated local search on small swarms: random double swaps, each followed by a descent
 
 
@@ -616,3 +646,49 @@ def heuristic(score: Scorer, peer_ids: Sequence[str], *, seed: int = 0, time_bud
                 c = kicked
         results.append(c)
     return min(results, key=lambda c: c.score)
+
+
+def add_pipelines(score: Scorer, best: Candidate, peer_ids: Sequence[str], *, rounds: int = 2) -> Candidate:
+    """Put spares to work in pipelines of their own shape: pipelines may differ in stage count.
+
+    A swarm of 80 GB and 16 GB cards is best run as 1-stage pipelines on the big ones and longer
+    pipelines of small ones, which a rectangular grid cannot hold. From ``best``, the spares are
+    packed into every shape (stages x pipelines) that fits them, each split for its own peers,
+    and the union with ``best``'s pipelines is scored by the cost model; the best union is kept
+    and the spares it leaves are tried again (``rounds`` times). Rounds stay synchronous, so
+    extra pipelines pay only when they keep up with the slowest one already there.
+    """
+    cm = score.cm
+    peers = cm.sc._peer
+    job = cm.sc.job
+    if job.pipelines:
+        return best  # a fixed pipeline count leaves no room for more
+    for _ in range(rounds):
+        used = {q for row in best.grid for q in row}
+        spares = sorted((q for q in peer_ids if q not in used), key=lambda q: (-peers[q].flops, q))
+        if not spares:
+            break
+        step_best: Candidate | None = None
+        for S in ([job.stages] if job.stages else range(1, min(cm.n_layers, len(spares)) + 1)):
+            if len(spares) < S:
+                continue
+            order = holders_first(cm, spares, S)
+            top = len(spares) // S
+            ladder = range(1, top + 1) if top <= 16 else sorted({max(1, round(top * f / 10)) for f in range(1, 11)})
+            for P in ladder:
+                for g in {pack(cm, order[:S * P], S, P), pack_speed_columns(cm, order[:S * P], S, P)}:
+                    extra = score(g)
+                    if extra is None:
+                        continue
+                    pipes = [*best.pipelines, *extra.pipelines]
+                    pred = cm.predict(pipes, detail=False)
+                    if isinstance(pred, str):
+                        continue
+                    c = Candidate(score.objective.score(pred), (*best.grid, *g), pipes, pred)
+                    if c.score < (step_best or best).score:
+                        step_best = c
+        if step_best is None:
+            break
+        best = step_best
+        score._offer(best)
+    return best

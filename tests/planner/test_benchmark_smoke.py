@@ -12,7 +12,7 @@ def test_planner_benchmark_smoke(capsys):
                  "--time-budget", "2", "--generated", "3"]) == 0
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     plans = [x for x in lines if "plan" in x]
-    assert {x["plan"] for x in plans} == {"ours", "random", "round_robin", "greedy_region", "genetic"}
+    assert {x["plan"] for x in plans} == {"ours", "random", "round_robin", "greedy_region", "genetic", "uniform_split"}
     assert {x["scenario"] for x in plans} >= {f"dtfm_case{i}" for i in range(1, 6)} | {"heterogeneous_price", "large_24"}
     targets = lines[-1]
     assert targets["targets"] is True and targets["large_solve_s"] is not None

@@ -22,7 +22,7 @@ def test_json_shape_carries_what_the_table_shows(capsys):
     table = {"bottleneck", "utilisation", "pipeline_step_s", "round_s", "round_sync_s", "exposed_sync_s"}
     assert set(out["predicted"]) == keys | table
     assert out["predicted"]["bottleneck"]
-    assert set(out["baselines"]) == {"random", "round_robin", "greedy_region", "genetic"}
+    assert set(out["baselines"]) == {"random", "round_robin", "greedy_region", "genetic", "uniform_split"}
     assert all(v is None or set(v) == keys for v in out["baselines"].values())
     assert set(out["baseline_reasons"]) == {k for k, v in out["baselines"].items() if v is None}
     assert set(out["spare_reasons"]) == set(out["plan"]["spares"])
