@@ -13,6 +13,10 @@ final line with the issue's targets:
   tokens >= 30% against the throughput objective at <= 10% fewer tokens/s
   (plain ``cost``, and ``cost=0.1``: the cheapest per token within 10% of the
   fastest plan);
+- on the heterogeneous mix (``heterogeneous_mix.json``) per-pipeline splits
+  make >= 1.2x the ``uniform_split`` baseline's tokens/s (``uniform_split_gain``,
+  printed for every scenario), and the simulator plays the chosen plan within
+  15% of the prediction;
 - on a batch of generated scenarios (``geotrain.planner.generate``, seeds
   0..N-1) and issue 20's uneven 64-peer swarm the chosen plan is never worse
   than the best baseline: the worst ratio of ours to the best baseline (objective
@@ -33,7 +37,7 @@ from geotrain.errors import InfeasiblePlanError
 from geotrain.planner import Scenario, plan
 from geotrain.planner.baselines import GeneticConfig
 from geotrain.planner.catalog import dtfm_scenario, heterogeneous_price, large_swarm
-from geotrain.planner.generate import random_scenario, uneven_swarm
+from geotrain.planner.generate import heterogeneous_mix, random_scenario, uneven_swarm
 from geotrain.planner.plan import PlanResult
 
 
@@ -112,8 +116,29 @@ def run_one(name: str, d: dict[str, Any], objective: str, args: argparse.Namespa
                "ours_over_genetic_time": round(res.solve_s / max(res.baseline_solve_s["genetic"], 1e-9), 4),
                "ours_over_genetic_cpu": round(res.solve_cpu_s / max(res.baseline_cpu_s["genetic"], 1e-9), 4),
                "ours_over_greedy_region_cost": round(ours_v / _value(objective, res.baselines["greedy_region"]), 4),
-               "ours_over_random_cost": round(ours_v / _value(objective, res.baselines["random"]), 4)})
+               "ours_over_random_cost": round(ours_v / _value(objective, res.baselines["random"]), 4),
+               "uniform_split_gain": _gain(res)})
     return res
+
+
+def _gain(res: PlanResult) -> float | None:
+    """Chosen plan's predicted tokens/s over the ``uniform_split`` baseline's (one split for all pipelines)."""
+    uni = res.baselines.get("uniform_split")
+    return None if uni is None else round(res.predicted.tokens_per_s / uni.tokens_per_s, 4)
+
+
+def sim_check(name: str, d: dict[str, Any], res: PlanResult, hours: float) -> dict[str, Any]:
+    """Play the chosen plan in the simulator (1F1B event by event, no churn): its tokens/s over the prediction."""
+    from geotrain.sim import SimConfig, simulate
+
+    sc = Scenario.from_dict(d)
+    out = simulate(sc, SimConfig(hours=hours, straggler_sigma=0.0), initial_plan=res.pipelines)
+    ratio = out.goodput_tokens_per_s / res.predicted.tokens_per_s
+    rec = {"scenario": name, "simulated": True, "simulated_tokens_per_s": round(out.goodput_tokens_per_s, 1),
+           "predicted_tokens_per_s": round(res.predicted.tokens_per_s, 1), "simulated_over_predicted": round(ratio, 4),
+           "within_15pct": abs(ratio - 1) <= 0.15}
+    _emit(rec)
+    return rec
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-budget", type=float, default=40.0, help="our heuristic's time cap, seconds")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--generated", type=int, default=40, help="generated scenarios to compare on (0: skip)")
+    ap.add_argument("--sim-hours", type=float, default=1.0, help="simulated hours of the mixed swarm's chosen plan")
     args = ap.parse_args(argv)
 
     ok_cost, ok_time, worst_64, worst_64_cpu = True, True, 0.0, 0.0
@@ -150,6 +176,11 @@ def main(argv: list[str] | None = None) -> int:
            "cost_0.1_vs_throughput_usd_per_mtok_cut": round(cut_b, 4),
            "cost_0.1_vs_throughput_tokens_per_s_loss": round(slower_b, 4)})
 
+    mix = heterogeneous_mix()
+    mixed = run_one("heterogeneous_mix", mix, "throughput", args)
+    mix_gain = _gain(mixed)
+    mix_sim = sim_check("heterogeneous_mix", mix, mixed, hours=args.sim_hours)
+
     large_s = large_cpu = None
     if args.large:
         big = run_one(f"large_{args.large}", large_swarm(args.large), "throughput", args)
@@ -165,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
            "large_solve_s": None if large_s is None else round(large_s, 3),
            "large_cpu_s": None if large_cpu is None else round(large_cpu, 3),
            "large_under_60s": None if large_s is None else large_s < 60,
+           "mix_uniform_split_gain": mix_gain, "mix_gain_ge_1.2": mix_gain is not None and mix_gain >= 1.2,
+           "mix_simulated_over_predicted": mix_sim["simulated_over_predicted"],
+           "mix_simulated_within_15pct": mix_sim["within_15pct"],
            "hetero_cut_ge_30pct": cut >= 0.30, "hetero_loss_le_10pct": slower <= 0.10,
            "hetero_cost_0.1_cut_ge_30pct": cut_b >= 0.30, "hetero_cost_0.1_loss_le_10pct": slower_b <= 0.10})
     return 0

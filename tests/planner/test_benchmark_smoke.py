@@ -9,7 +9,7 @@ from benchmarks.planner import main
 
 def test_planner_benchmark_smoke(capsys):
     assert main(["--gpus", "8", "--large", "24", "--hetero", "3", "--ga-budget", "1", "--ga-generations", "5",
-                 "--time-budget", "2", "--generated", "3"]) == 0
+                 "--time-budget", "2", "--generated", "3", "--sim-hours", "0.2"]) == 0
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     plans = [x for x in lines if "plan" in x]
     assert {x["plan"] for x in plans} == {"ours", "random", "round_robin", "greedy_region", "genetic", "uniform_split"}
@@ -18,5 +18,6 @@ def test_planner_benchmark_smoke(capsys):
     assert targets["targets"] is True and targets["large_solve_s"] is not None
     assert targets["generated_scenarios"] >= 1 and targets["generated_worst_ours_over_best_baseline"] <= 1 + 1e-9
     assert any(x["scenario"] == "generated_uneven64" for x in lines)
+    assert targets["mix_uniform_split_gain"] >= 1.2 and targets["mix_simulated_within_15pct"] is True
     assert all(x["ours_over_genetic_cost"] is None or x["ours_over_genetic_cost"] > 0 for x in lines if x.get("summary")
                and "ours_over_genetic_cost" in x)
