@@ -27,6 +27,7 @@
     │   └── BadContributionError            a member sent NaN/Inf/absurd-norm data; names the sender
     ├── StateTransferError                  joiner could not get verified state (size/hash mismatch)
     ├── CheckpointError                     no complete checkpoint, or a corrupt manifest
+    │   └── CheckpointWriteError (OSError)  the disk refused a checkpoint write; training goes on
     └── EmulationError                      network emulation could not be set up (needs root, ...)
 
 User-input errors derive from ``ValueError`` so callers that only know Python's
@@ -170,6 +171,14 @@ class StateTransferError(GeotrainError):
 
 class CheckpointError(GeotrainError):
     """No complete checkpoint was found, or a manifest is corrupt."""
+
+
+class CheckpointWriteError(CheckpointError, OSError):
+    """A checkpoint could not be written (disk full, read-only, a file where its directory goes, ...).
+
+    Also an ``OSError``, so callers that only know the builtins still catch it. A peer logs and counts it
+    and trains on: the next checkpoint round writes again.
+    """
 
 
 class EmulationError(GeotrainError):

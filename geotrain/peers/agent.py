@@ -325,7 +325,8 @@ class PeerAgent:
                 self._step_now = step
                 self._status = PeerStatus.TRAINING
             except GeotrainError as e:
-                # a neighbour died or timed out (or a checkpoint could not be written): wait for the next plan
+                # a neighbour died or timed out (or a round could not run): wait for the next plan; a retry of
+                # the same step resumes after its optimizer step (StageWorker.step), never applies it twice
                 if stalled_since is None:
                     stalled_since = time.monotonic()
                     self._emit({"event": "stalled", "peer_id": self.peer_id, "step": step, "error": str(e)})

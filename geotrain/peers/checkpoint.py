@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from geotrain.errors import CheckpointError
+from geotrain.errors import CheckpointError, CheckpointWriteError
 from geotrain.peers.state import StageState, block_of
 
 logger = logging.getLogger(__name__)
@@ -63,7 +63,11 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 
 def save_group(root: Path, state: StageState, *, start: int, end: int) -> Path:
-    """Write blocks ``[start, end)`` of ``state`` as one group entry of ``step-<state.step>``."""
+    """Write blocks ``[start, end)`` of ``state`` as one group entry of ``step-<state.step>``.
+
+    A write the disk refuses raises :class:`~geotrain.errors.CheckpointWriteError` (a CheckpointError and
+    an OSError) naming the file; nothing half-written is left under a final name.
+    """
     piece = state.select(start, end)
     if not piece.params:
         raise CheckpointError(f"no parameters of blocks [{start}, {end}) to save")
@@ -74,7 +78,7 @@ def save_group(root: Path, state: StageState, *, start: int, end: int) -> Path:
     data = buf.getvalue()
     d = step_dir(root, piece.step)
     name = f"b{start}-{end}"
-    _atomic_write(d / f"{name}.pt", data)
+    _write(d / f"{name}.pt", data)
     manifest = {
         "job_id": piece.job_id,
         "blocks": [start, end],
@@ -84,8 +88,15 @@ def save_group(root: Path, state: StageState, *, start: int, end: int) -> Path:
         "nbytes": len(data),
         "sha256": hashlib.sha256(data).hexdigest(),
     }
-    _atomic_write(d / f"{name}.json", json.dumps(manifest, indent=1).encode())
+    _write(d / f"{name}.json", json.dumps(manifest, indent=1).encode())
     return d / f"{name}.json"
+
+
+def _write(path: Path, data: bytes) -> None:
+    try:
+        _atomic_write(path, data)
+    except OSError as e:
+        raise CheckpointWriteError(f"cannot write checkpoint file {path}: {e}") from e
 
 
 def _entries(d: Path) -> list[dict[str, Any]]:

@@ -19,13 +19,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from geotrain.config import JobSpec
-from geotrain.errors import StateTransferError
+from geotrain.errors import CheckpointError, StateTransferError
 from geotrain.models import build_stage
 from geotrain.peers.state import StageState, block_of, fetch_state
 from geotrain.pipeline import StageConfig, StageRuntime
@@ -55,8 +56,21 @@ def dataset_for(job: JobSpec) -> Any:
     return _datasets[key]
 
 
+@dataclass
+class _AppliedStep:
+    """An inner step whose optimizer step is applied but which has not committed yet (see ``step``)."""
+
+    step: int
+    metrics: Any
+    synced: set[int] = field(default_factory=set)  # indices of the syncs done after it
+
+
 class StageWorker:
-    """Runs inner steps of this peer's stage under one plan; see the module docstring."""
+    """Runs inner steps of this peer's stage under one plan; see the module docstring.
+
+    Thread ownership: the agent's main thread calls ``step``/``finish``/``close``; ``state()`` is also
+    called from the transport's handler pool and reads the global state under ``_commit_lock``.
+    """
 
     def __init__(
         self,
@@ -169,7 +183,9 @@ class StageWorker:
         self.compute_s = 0.0
         self.wall_s = 0.0
         self.checkpoint_s = 0.0
+        self.checkpoint_failures = 0  # checkpoint writes the disk refused (each retried at the next boundary)
         self.steps = 0
+        self._applied: _AppliedStep | None = None
         self._cpu0 = time.process_time()
         self._step = plan.start_step
 
@@ -249,15 +265,38 @@ class StageWorker:
 
     # -- the step ---------------------------------------------------------------------------------
     def step(self, step: int) -> Any:
+        """Inner step ``step``, with one commit point.
+
+        Three phases: (1) the inner step proper (microbatches, forward, backward, optimizer step: the
+        weights move); (2) the rounds due after it (each sync once); (3) the checkpoint due after it. The
+        step *commits* (``_step`` and the counters advance) only when (2) is done and (3) was written or
+        explicitly skipped: a checkpoint the disk refuses is logged and counted
+        (``checkpoint_failures``), training state is kept, and the next checkpoint boundary writes again.
+        A failure in (1) (:class:`~geotrain.errors.StageFailedError`) applies nothing. A failure in (2)
+        raises with the step applied but not committed: calling ``step`` again with the same step resumes
+        after (1), so the optimizer step is never applied twice and the syncs that finished are not run
+        again.
+        """
         t0 = time.perf_counter()
-        m = self.runtime.run_inner_step(step)
-        for sync in self.syncs:
-            sync.after_inner_step(step + 1)  # the sync counts inner steps completed
+        applied = self._applied
+        if applied is None:
+            applied = _AppliedStep(step, self.runtime.run_inner_step(step))  # the weights move here
+            self._applied = applied
+        else:
+            assert applied.step == step, f"step {step} asked while step {applied.step} is applied, not committed"
+            logger.info("resuming step %d after its optimizer step (not applied again)", step)
+        m = applied.metrics
+        for i, sync in enumerate(self.syncs):
+            if i not in applied.synced:
+                sync.after_inner_step(step + 1)  # the sync counts inner steps completed
+                applied.synced.add(i)
         self.round = min((o.version for sync in self.syncs for o in sync.outer), default=self.round)
-        self._step = step + 1
         t1 = time.perf_counter()
-        self._maybe_checkpoint(step + 1)
+        self._checkpoint_or_count(step + 1)
         self.checkpoint_s += time.perf_counter() - t1
+        # the commit point: from here on this step counts
+        self._applied = None
+        self._step = step + 1
         self.wall_s += time.perf_counter() - t0
         self.compute_s += m.compute_s
         self.steps += 1
@@ -279,7 +318,16 @@ class StageWorker:
         for sync in self.syncs:
             sync.flush()
         self.round = min((o.version for sync in self.syncs for o in sync.outer), default=self.round)
-        self._maybe_checkpoint(self._step)  # rewrites the boundary's checkpoint with the flushed state
+        self._checkpoint_or_count(self._step)  # rewrites the boundary's checkpoint with the flushed state
+
+    def _checkpoint_or_count(self, done: int) -> None:
+        """The checkpoint after inner step ``done``, if one is due; a refused write is logged and counted."""
+        try:
+            self._maybe_checkpoint(done)
+        except CheckpointError as e:
+            self.checkpoint_failures += 1
+            logger.error("checkpoint after step %d not written (%d so far; the next boundary retries): %s",
+                         done, self.checkpoint_failures, e)
 
     def _maybe_checkpoint(self, done: int) -> None:
         """After a round boundary: the first member of each of this peer's groups writes the group's state."""
@@ -288,7 +336,7 @@ class StageWorker:
             return
         from geotrain.peers import checkpoint
 
-        state = self.state()
+        state = self.state(step=done)
         for g in self.plan.groups_of(self.peer_id):
             if g.members[0] == self.peer_id:
                 checkpoint.save_group(Path(plan.checkpoint_dir), state, start=g.start, end=g.end)
@@ -311,12 +359,15 @@ class StageWorker:
             "round_s": sum(s.round_s for s in sync),
             "rounds": float(sum(s.rounds_committed + s.rounds_discarded for s in sync)),
             "checkpoint_s": self.checkpoint_s,
+            "checkpoint_failures": float(self.checkpoint_failures),
             "cpu_s": time.process_time() - self._cpu0,
             "pipeline": float(self.pipeline),
             "stage": float(self.stage_index),
         }
 
-    def state(self) -> StageState:
+    def state(self, *, step: int | None = None) -> StageState:
+        """The committed global state of this stage (``step``: the inner step it is stamped with; default the
+        last committed one)."""
         params: dict[str, torch.Tensor] = {}
         momentum: dict[str, torch.Tensor] = {}
         with self._commit_lock:
@@ -325,7 +376,7 @@ class StageWorker:
                 params.update(g)
                 momentum.update(mom)
             rnd = min((o.version for sync in self.syncs for o in sync.outer), default=self.round)
-        return StageState(self.plan.job_id, rnd, self._step, params, momentum)
+        return StageState(self.plan.job_id, rnd, self._step if step is None else step, params, momentum)
 
     def close(self) -> None:
         self._close_syncs()
