@@ -220,9 +220,23 @@ class OptimizerSection:
             raise ConfigError.many(errors)
 
 
+#: Inner steps per round (H) when nothing says otherwise: a job file's ``sync.every``,
+#: :class:`geotrain.sync.DiLoCoConfig` and a what-if scenario's ``sync_every`` all default to it.
+DEFAULT_SYNC_EVERY = 10
+
+
+def check_mixing(mixing: float) -> None:
+    """``sync.mixing`` (alpha) must be in [0, 1), in the job file and in every sync built from it: 0 takes
+    the global weights, 1 would keep the local ones and never take the round's result."""
+    if isinstance(mixing, bool) or not isinstance(mixing, (int, float)) or not 0.0 <= mixing < 1.0:
+        raise ConfigError(
+            f"sync.mixing must be in [0, 1) (0 = take the global weights; 1 would never take them); got {mixing!r}"
+        )
+
+
 @dataclass(frozen=True, kw_only=True)
 class SyncSection:
-    every: int = 10
+    every: int = DEFAULT_SYNC_EVERY
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     nesterov: bool = True
@@ -241,8 +255,7 @@ class SyncSection:
             raise ConfigError(f"sync.fragments must be in 1..sync.every ({self.every}); got {self.fragments}")
         if self.overlap < 0 or self.overlap >= self.every:
             raise ConfigError(f"sync.overlap must be in 0..sync.every-1; got {self.overlap}")
-        if not 0.0 <= self.mixing <= 1.0:
-            raise ConfigError(f"sync.mixing must be in [0, 1]; got {self.mixing}")
+        check_mixing(self.mixing)
         if self.outer_lr <= 0:
             raise ConfigError(f"sync.outer_lr must be > 0; got {self.outer_lr}")
 

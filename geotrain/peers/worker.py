@@ -191,7 +191,18 @@ class StageWorker:
 
     # -- construction helpers ---------------------------------------------------------------------
     def _sync_config(self, g: SyncGroup) -> DiLoCoConfig:
+        """The group's DiLoCoConfig: the job's sync section as is, except ``fragments``, which cannot exceed
+        the group's parameter tensors (a fragment is at least one tensor): fewer, said in a warning."""
         sc = self.job.sync
+        tensors = sum(1 for n, _ in self.stage.named_parameters() if g.start <= block_of(n) < g.end)
+        fragments = sc.fragments
+        if fragments > max(1, tensors):
+            fragments = max(1, tensors)
+            logger.warning(
+                "stage group %s: sync.fragments = %d, but its blocks [%d, %d) hold %d parameter tensors and a "
+                "fragment is at least one: it syncs in %d fragments", g.name, sc.fragments, g.start, g.end,
+                tensors, fragments,
+            )
         return DiLoCoConfig(
             every=sc.every,
             outer_lr=sc.outer_lr,
@@ -200,9 +211,9 @@ class StageWorker:
             intra_codec=sc.intra_codec,
             cross_codec=self.plan.sync_codec,
             error_feedback=sc.error_feedback,
-            fragments=min(sc.fragments, max(1, sum(1 for n, _ in self.stage.named_parameters() if g.start <= block_of(n) < g.end))),
+            fragments=fragments,
             overlap=sc.overlap,
-            mixing=min(sc.mixing, 0.99),
+            mixing=sc.mixing,
             aggregation=sc.aggregation,
             deadline_floor_s=self.job.swarm.round_timeout_s,
             group=f"{self.plan.job_id}/{g.name}",

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from geotrain.config import DEFAULT_SYNC_EVERY
 from geotrain.errors import ConfigError, ScenarioError
 from geotrain.planner.codecs import validate_codec
 from geotrain.planner.objective import Objective
@@ -127,7 +128,7 @@ class ModelSpec:
 class Job:
     micro_batch: int = 1  # sequences per microbatch
     micro_batches: int = 8  # microbatches per inner step (M)
-    sync_every: int = 100  # inner steps per round (H)
+    sync_every: int = DEFAULT_SYNC_EVERY  # inner steps per round (H), as a job file's sync.every
     stages: int | None = None  # fixed number of stages, or None to search
     pipelines: int | None = None  # fixed number of pipelines, or None to search
     activation_codec: str = "none"

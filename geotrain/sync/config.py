@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from geotrain.config import DEFAULT_SYNC_EVERY, check_mixing
 from geotrain.errors import ConfigError
 
 __all__ = ["DiLoCoConfig", "Aggregation", "Backend"]
@@ -29,7 +30,8 @@ Backend = Literal["geotrain", "hivemind"]
 
 @dataclass(frozen=True, kw_only=True)
 class DiLoCoConfig:
-    """How a stage group syncs. Defaults follow DiLoCo (H=500 in the paper; smaller suits CPUs).
+    """How a stage group syncs. Defaults follow DiLoCo (H=500 in the paper; smaller suits CPUs: ``every``
+    defaults to :data:`geotrain.config.DEFAULT_SYNC_EVERY`, as the job file's ``sync.every`` does).
 
     - ``every`` (H): inner steps between two rounds of the same fragment.
     - ``outer_lr``, ``outer_momentum``, ``nesterov``: the outer SGD (0.7, 0.9, True in DiLoCo).
@@ -59,7 +61,7 @@ class DiLoCoConfig:
     - ``group``: the stage group's name, stamped on every message of its rounds.
     """
 
-    every: int = 100
+    every: int = DEFAULT_SYNC_EVERY
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     nesterov: bool = True
@@ -102,8 +104,7 @@ class DiLoCoConfig:
             )
         if type(self.overlap) is not int or not 0 <= self.overlap < self.every:
             raise ConfigError(f"sync.overlap must be an integer in [0, every) ; got {self.overlap!r}")
-        if not 0.0 <= self.mixing < 1.0:
-            raise ConfigError(f"sync.mixing must be in [0, 1) (0 = take the global weights); got {self.mixing!r}")
+        check_mixing(self.mixing)
         if self.deadline_floor_s <= 0 or self.deadline_slack < 1.0 or self.bandwidth_bytes_per_s <= 0:
             raise ConfigError("sync.deadline_floor_s and sync.bandwidth_bytes_per_s must be > 0, deadline_slack >= 1")
         if not 0.0 < self.quorum <= 1.0:
