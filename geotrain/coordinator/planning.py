@@ -50,6 +50,10 @@ def scenario_dict(
                 continue
             key = (min(row.src, dst), max(row.src, dst))
             seen.setdefault(key, []).append((m.bandwidth_bps, m.rtt_s))
+    from geotrain.peers.reachability import relayed_links
+
+    for key, relayed in relayed_links(peers, links).items():  # two peers behind NAT: an extra hop via a relay
+        seen.setdefault(key, [relayed])
     link_list: list[dict[str, Any]] = []
     by_region_pair: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for (a, b), ms in sorted(seen.items()):
@@ -182,9 +186,10 @@ def make_plan(
             for a in pipe
         ]
         pipelines.append(slots)
-    from geotrain.peers.reachability import assign_relay
+    from geotrain.peers.reachability import assign_relay, relay_candidate
 
-    pipelines = assign_relay(pipelines)  # two peers behind NAT reach each other through a reachable one
+    # two peers behind NAT reach each other through a reachable one (the one their links were priced through)
+    pipelines = assign_relay(pipelines, prefer=relay_candidate(peers, links))
     pred = result.predicted
     plan = JobPlan(
         job_id=job_id,

@@ -363,20 +363,63 @@ def plannable_peers(peers: Mapping[str, PeerRecord], *, relays: bool = True) -> 
     return dict(sorted(out.items()))
 
 
-def assign_relay(pipelines: list[list[StageSlot]]) -> list[list[StageSlot]]:
+def relay_candidate(peers: Mapping[str, PeerRecord], links: Mapping[str, Any]) -> str | None:
+    """The dialable peer that best relays between the dial-out peers: the one whose slowest measured
+    link to them is fastest (unmeasured counts as 0; ties: lowest peer id). None without one."""
+    nat = [p for p, r in peers.items() if r.dial_back]
+    dialable = [p for p, r in peers.items() if not r.dial_back and r.reachable is not False]
+    if len(nat) < 2 or not dialable:
+        return None
+
+    def bw(a: str, b: str) -> float:
+        found = [m.bandwidth_bps for src, dst in ((a, b), (b, a)) if src in links
+                 for d, m in links[src].links.items() if d == dst]
+        return min(found, default=0.0)
+
+    return min(dialable, key=lambda r: (-min(bw(r, n) for n in nat), r))
+
+
+def relayed_links(peers: Mapping[str, PeerRecord], links: Mapping[str, Any]) -> dict[tuple[str, str], tuple[float, float]]:
+    """What two dial-out peers' link costs through :func:`relay_candidate`: (bytes/s, RTT s) per pair
+    ``(a, b)`` with ``a < b``, for pairs with no measurement of their own (they cannot measure it).
+
+    The relayed hop is priced as two: bandwidth = the slower of the two legs, RTT = their sum.
+    Pairs whose legs are not both measured are left out (the planner places no hop there).
+    """
+    relay = relay_candidate(peers, links)
+    if relay is None:
+        return {}
+
+    def leg(a: str, b: str) -> tuple[float, float] | None:
+        found = [(m.bandwidth_bps, m.rtt_s) for src, dst in ((a, b), (b, a)) if src in links
+                 for d, m in links[src].links.items() if d == dst and m.bandwidth_bps > 0]
+        return (min(f[0] for f in found), max(f[1] for f in found)) if found else None
+
+    nat = sorted(p for p, r in peers.items() if r.dial_back)
+    out = {}
+    for i, a in enumerate(nat):
+        for b in nat[i + 1:]:
+            la, lb = leg(a, relay), leg(relay, b)
+            if la is not None and lb is not None:
+                out[(a, b)] = (min(la[0], lb[0]), la[1] + lb[1])
+    return out
+
+
+def assign_relay(pipelines: list[list[StageSlot]], *, prefer: str | None = None) -> list[list[StageSlot]]:
     """With two or more dial-out peers in a plan, route them to each other through one reachable
     plan peer: their slots' endpoints become ``dialback://<relay id>``.
 
-    The relay is the reachable plan peer sharing a region with the most dial-out peers (ties: lowest
-    peer id): its links to them are the ones the planner measured best. Everyone else still reaches
-    a dial-out peer over that peer's own connection. Without a reachable plan peer nothing changes.
+    The relay is ``prefer`` (:func:`relay_candidate`, the peer the links were priced through) when
+    it is in the plan, else the reachable plan peer sharing a region with the most dial-out peers
+    (ties: lowest peer id). Everyone else still reaches a dial-out peer over that peer's own
+    connection. Without a reachable plan peer nothing changes.
     """
     slots = [s for pipe in pipelines for s in pipe]
     nat = {s.peer: s for s in slots if s.endpoint.startswith(DIAL_BACK)}
     if len(nat) < 2:
         return pipelines
     dialable = sorted({s.peer: s for s in slots if s.endpoint.startswith("tcp://")}.values(),
-                      key=lambda s: (-sum(n.region == s.region for n in nat.values()), s.peer))
+                      key=lambda s: (s.peer != prefer, -sum(n.region == s.region for n in nat.values()), s.peer))
     if not dialable:
         logger.warning("plan has %d peers behind NAT and no reachable peer to relay between them", len(nat))
         return pipelines

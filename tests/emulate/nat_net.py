@@ -2,11 +2,12 @@
 
 Layout (``gt-<tag>-*`` namespaces, deleted on close; nothing routes out of them)::
 
-    p1  10.252.1.2 ─┐                         ┌─ gw (NAT) wan 10.252.3.2 ── lan 192.168.77.1 ── home 192.168.77.2
-    p2  10.252.2.2 ─┴─ rt (router) .1.1/.2.1/.3.1 ┘
+    p1  10.252.1.2 ─┐                         ┌─ gw (NAT) wan 10.252.3.2 ─┬ lan  192.168.77.1 ── home  192.168.77.2
+    p2  10.252.2.2 ─┴─ rt (router) .1.1/.2.1/.3.1 ┘                          └ lan2 192.168.78.1 ── home2 192.168.78.2
 
 ``gw`` masquerades what leaves its ``wan`` side and forwards nothing that comes in
-on it unless it belongs to a connection the home side opened (outbound only).
+on it unless it belongs to a connection a home side opened (outbound only); the two
+home networks cannot reach each other either.
 The public namespaces and the router count, in an nftables counter, each packet sent
 or forwarded towards the home network's private addresses: a peer that tries
 to dial the home peer's own address shows up there.
@@ -20,8 +21,9 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 
-HOME_NET = "192.168.77.0/24"
-ADDR = {"p1": "10.252.1.2", "p2": "10.252.2.2", "gw": "10.252.3.2", "home": "192.168.77.2"}
+HOME_NET = "192.168.0.0/16"
+ADDR = {"p1": "10.252.1.2", "p2": "10.252.2.2", "gw": "10.252.3.2", "home": "192.168.77.2", "home2": "192.168.78.2"}
+_NAMES = ("p1", "p2", "rt", "gw", "home", "home2")
 _COUNTED = ("p1", "p2", "rt")
 
 
@@ -70,7 +72,7 @@ class NatNet:
 
     def setup(self) -> NatNet:
         self.close()
-        for name in ("p1", "p2", "rt", "gw", "home"):
+        for name in _NAMES:
             _run(["ip", "netns", "add", self.ns(name)])
             self.made.append(self.ns(name))
             _run(["ip", "-n", self.ns(name), "link", "set", "lo", "up"])
@@ -78,13 +80,16 @@ class NatNet:
         self._veth("p2", "eth0", "rt", "r2")
         self._veth("gw", "wan", "rt", "r3")
         self._veth("home", "eth0", "gw", "lan")
+        self._veth("home2", "eth0", "gw", "lan2")
         addrs = [("p1", "eth0", "10.252.1.2/24"), ("p2", "eth0", "10.252.2.2/24"), ("rt", "r1", "10.252.1.1/24"),
                  ("rt", "r2", "10.252.2.1/24"), ("rt", "r3", "10.252.3.1/24"), ("gw", "wan", "10.252.3.2/24"),
-                 ("gw", "lan", "192.168.77.1/24"), ("home", "eth0", "192.168.77.2/24")]
+                 ("gw", "lan", "192.168.77.1/24"), ("home", "eth0", "192.168.77.2/24"),
+                 ("gw", "lan2", "192.168.78.1/24"), ("home2", "eth0", "192.168.78.2/24")]
         for ns, dev, cidr in addrs:
             _run(["ip", "-n", self.ns(ns), "addr", "add", cidr, "dev", dev])
         # a default route in the public namespaces: a dial to the home network's address leaves (and is counted)
-        for ns, gw in (("p1", "10.252.1.1"), ("p2", "10.252.2.1"), ("gw", "10.252.3.1"), ("home", "192.168.77.1")):
+        for ns, gw in (("p1", "10.252.1.1"), ("p2", "10.252.2.1"), ("gw", "10.252.3.1"), ("home", "192.168.77.1"),
+                       ("home2", "192.168.78.1")):
             _run(["ip", "-n", self.ns(ns), "route", "add", "default", "via", gw])
         for ns in ("rt", "gw"):
             self._in(ns, "sysctl", "-qw", "net.ipv4.ip_forward=1")
@@ -93,8 +98,8 @@ table ip gtnat {
   chain postnat { type nat hook postrouting priority srcnat; oifname "wan" masquerade; }
   chain forwarding {
     type filter hook forward priority filter; policy drop;
-    iifname "lan" oifname "wan" accept;
-    iifname "wan" oifname "lan" ct state established,related accept;
+    iifname { "lan", "lan2" } oifname "wan" accept;
+    iifname "wan" oifname { "lan", "lan2" } ct state established,related accept;
   }
 }
 """)
@@ -120,7 +125,7 @@ table inet gtcount {{
 
     def close(self) -> None:
         existing = _run(["ip", "netns", "list"]).split()
-        for name in ("p1", "p2", "rt", "gw", "home"):
+        for name in _NAMES:
             if self.ns(name) in existing:
                 subprocess.run(["ip", "netns", "del", self.ns(name)], capture_output=True, timeout=20, check=False)
         self.made.clear()

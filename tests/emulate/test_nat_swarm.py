@@ -4,7 +4,8 @@ The home peer is started as a user at home would (its LAN address, DHT client mo
 ``--nat``): the reachability preflight must find that nobody can dial it, it must then dial
 out, and a job must train with it in a pipeline and in rounds, while no packet ever goes
 towards its private address. A peer bound to 0.0.0.0 with ``--announce`` of its namespace
-address trains with the others.
+address trains with the others. Two home peers in two NATed networks, in one stage group of a
+closed swarm (CURVE), exchange through a relay peer the coordinator names.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from geotrain.swarm.keys import generate_swarm_key
 from geotrain.testing.procs import ChildGroup
 from geotrain.transport.addresses import DIAL_BACK, split_endpoint
 from tests.emulate.nat_net import ADDR, NatNet, nat_unavailable
@@ -110,7 +112,7 @@ def test_home_peer_behind_nat_trains_in_pipeline_and_rounds(children: ChildGroup
     job.write_text(JOB)
     run = children.start("run", ["run", str(job), "--json", "--initial-peers", *maddrs, "--host", ADDR["p1"],
                                  "--job-id", "natjob", "--report-dir", str(tmp_path / "report")],
-                         prefix=net.prefix("p1"))
+                         prefix=net.prefix("p1"), stderr_path=str(LOGS / "gt-nat-run.log"))
     run.wait_event("report", 420)
     assert run.proc.wait(timeout=60) == 0
     report = json.loads((tmp_path / "report" / "report.json").read_text())
@@ -123,4 +125,42 @@ def test_home_peer_behind_nat_trains_in_pipeline_and_rounds(children: ChildGroup
     val = [v for v in report["validation"] if v["loss"] is not None]
     assert val[-1]["loss"] < val[0]["loss"], val
     # nothing was ever sent towards the home peer's private address, from any public namespace
+    assert net.private_dials() == {"p1": 0, "p2": 0, "rt": 0}
+
+
+def test_two_home_peers_in_one_stage_group_exchange_through_a_relay_in_a_closed_swarm(
+    children: ChildGroup, net: NatNet, tmp_path: Path
+) -> None:
+    key = generate_swarm_key(tmp_path / "swarm.key")
+    boot = children.start("dht", ["dht", "--host", ADDR["p1"], "--port", "31337"], prefix=net.prefix("p1"))
+    maddrs = boot.wait_event("ready", 60)["maddrs"]
+    closed = ["--swarm-key", str(key)]
+    a = _peer(children, net, "a", "p1", "pub1", maddrs, "--host", ADDR["p1"], *closed)
+    a.wait_event("ready", 180)
+    b = _peer(children, net, "b", "p2", "pub2", maddrs, "--host", ADDR["p2"], *closed)
+    homes = [_peer(children, net, name, name, "home", maddrs, "--host", ADDR[name], "--nat", *closed)
+             for name in ("home", "home2")]
+    b.wait_event("ready", 180)
+    ready = [h.wait_event("ready", 180) for h in homes]
+    assert all(r["endpoint"] == DIAL_BACK for r in ready)
+
+    job = tmp_path / "relay.toml"
+    # one stage per pipeline: the four peers form one stage group, and the region "home" has two
+    # members behind NAT, one of which leads it: every round goes through the relay both ways
+    job.write_text(JOB.replace("stages = 2", "stages = 1").replace("pipelines = 2", "pipelines = 4"))
+    run = children.start("run", ["run", str(job), "--json", "--initial-peers", *maddrs, "--host", ADDR["p1"],
+                                 "--job-id", "natjob", "--report-dir", str(tmp_path / "report"), *closed],
+                         prefix=net.prefix("p1"), stderr_path=str(LOGS / "gt-nat-run.log"))
+    run.wait_event("report", 420)
+    assert run.proc.wait(timeout=60) == 0
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    slots = {s["peer"]: s for pipe in report["plans"][-1]["pipelines"] for s in pipe}
+    relays = {slots[r["peer_id"]]["endpoint"] for r in ready}
+    assert len(relays) == 1 and relays != {DIAL_BACK}, relays  # both routed through the same relay peer
+    (relayed,) = relays
+    assert slots[relayed[len(DIAL_BACK):]]["endpoint"].startswith("tcp://")
+    for r in ready:
+        assert report["peer_stats"][r["peer_id"]]["rounds"] >= 20 // 5, report["peer_stats"][r["peer_id"]]
+    val = [v for v in report["validation"] if v["loss"] is not None]
+    assert val[-1]["loss"] < val[0]["loss"], val
     assert net.private_dials() == {"p1": 0, "p2": 0, "rt": 0}

@@ -156,3 +156,19 @@ def test_two_dial_out_peers_of_a_plan_get_a_relay_from_their_region() -> None:
     assert [[s.endpoint for s in p] for p in out] == [["tcp://10.0.0.1:1", f"{DIAL_BACK}h"],
                                                       ["tcp://10.0.0.2:1", f"{DIAL_BACK}h"]]
     assert assign_relay(pipes[:1]) == pipes[:1]  # one dial-out peer needs no relay
+
+
+def test_two_dial_out_peers_are_priced_as_two_hops_through_the_best_relay() -> None:
+    from geotrain.peers.reachability import relay_candidate, relayed_links
+    from geotrain.swarm.records import LinkMeasurement, LinkRow
+
+    def row(src: str, **to: tuple[float, float]) -> LinkRow:
+        return LinkRow(src=src, links={d: LinkMeasurement(bandwidth_bps=b, rtt_s=r, measured_at=0.0)
+                                       for d, (b, r) in to.items()})
+
+    peers = {p: rec(p, endpoint=DIAL_BACK, reachable=False) for p in ("n1", "n2")}
+    peers |= {"fast": rec("fast", reachable=True), "slow": rec("slow", reachable=True)}
+    links = {"n1": row("n1", fast=(1e8, 0.01), slow=(1e6, 0.05)), "n2": row("n2", fast=(5e7, 0.02), slow=(1e6, 0.05))}
+    assert relay_candidate(peers, links) == "fast"
+    assert relayed_links(peers, links) == {("n1", "n2"): (5e7, 0.01 + 0.02)}
+    assert relayed_links({k: v for k, v in peers.items() if k != "n2"}, links) == {}  # one NATed peer: direct
