@@ -115,10 +115,15 @@ def run_one(name: str, d: dict[str, Any], objective: str, args: argparse.Namespa
                "ours_over_genetic_cost": round(ours_v / ga_v, 4) if math.isfinite(ga_v) else None,
                "ours_over_genetic_time": round(res.solve_s / max(res.baseline_solve_s["genetic"], 1e-9), 4),
                "ours_over_genetic_cpu": round(res.solve_cpu_s / max(res.baseline_cpu_s["genetic"], 1e-9), 4),
-               "ours_over_greedy_region_cost": round(ours_v / _value(objective, res.baselines["greedy_region"]), 4),
-               "ours_over_random_cost": round(ours_v / _value(objective, res.baselines["random"]), 4),
+               "ours_over_greedy_region_cost": _ratio(ours_v, _value(objective, res.baselines["greedy_region"])),
+               "ours_over_random_cost": _ratio(ours_v, _value(objective, res.baselines["random"])),
                "uniform_split_gain": _gain(res)})
     return res
+
+
+def _ratio(ours: float, theirs: float) -> float | None:
+    """``ours / theirs``, or None when the baseline found no plan."""
+    return round(ours / theirs, 4) if math.isfinite(theirs) else None
 
 
 def _gain(res: PlanResult) -> float | None:

@@ -180,20 +180,26 @@ def plan(
         fast = Scorer(cm, Objective(kind="throughput"))
         top = exhaustive(fast, ids) if exact else heuristic(fast, ids, seed=seed, time_budget_s=time_budget_s / 3,
                                                             moves=moves)
+        if top is not None and not exact:
+            top = add_pipelines(fast, top, ids)  # the fastest plan as the throughput objective finds it
         if top is not None:
             obj = dataclasses.replace(obj, floor_tokens_per_s=(1.0 - obj.value) * top.prediction.tokens_per_s)
             scenario = dataclasses.replace(scenario, job=dataclasses.replace(scenario.job, objective=obj))
             cm = CostModel(scenario)
     score = Scorer(cm, obj)
     if obj.floor_tokens_per_s is not None and top is not None:
-        score(top.grid)  # the fastest plan meets the bound: the incumbent to beat
+        # the fastest plan meets the bound: the incumbent to beat (its pipelines may differ in shape)
+        score.offer(top)
     if exact:
         method, found = "exact", exhaustive(score, ids)
     elif obj.floor_tokens_per_s is not None:
         method = "heuristic"
         heuristic(score, ids, seed=seed, time_budget_s=time_budget_s / 3, moves=moves)
-        heuristic(Scorer(cm, Objective(kind="cost"), shared=score), ids, seed=seed, time_budget_s=time_budget_s / 3,
-                  moves=moves)
+        cheapest = heuristic(Scorer(cm, Objective(kind="cost"), shared=score), ids, seed=seed,
+                             time_budget_s=time_budget_s / 3, moves=moves)
+        if cheapest is not None:
+            # the cheapest tokens plus as few extra pipelines as the bound needs
+            add_pipelines(score, cheapest, ids)
         found = score.incumbent
     elif obj.kind in ("max_usd_per_hour", "min_tokens_per_s"):
         # a bound splits the plans in two; the plans near it are found by searching for speed and for
@@ -223,7 +229,9 @@ def plan(
     search_pred = best.prediction
     if baselines:
         assert rect is not None
-        S, P = len(rect.grid[0]), len(rect.grid)
+        # the baselines' shape: the plan's most common stage count and its pipelines (rectangular)
+        S = max(sorted({len(r) for r in rect.grid}), key=lambda k: sum(len(r) == k for r in rect.grid))
+        P = sum(len(r) == S for r in rect.grid)
         for name in BASELINES:
             t1, c1 = time.perf_counter(), time.process_time()
             c: Candidate | None

@@ -79,6 +79,10 @@ class Scorer:
         """The best candidate any scorer sharing this one's root has scored, under the target objective."""
         return self._root.best
 
+    def offer(self, c: Candidate) -> None:
+        """Make ``c`` (scored elsewhere, by any objective) a candidate for the incumbent."""
+        self._offer(c)
+
     def _offer(self, c: Candidate) -> None:
         root = self._root
         score = root.target.score(c.prediction)
@@ -663,6 +667,8 @@ def add_pipelines(score: Scorer, best: Candidate, peer_ids: Sequence[str], *, ro
     job = cm.sc.job
     if job.pipelines:
         return best  # a fixed pipeline count leaves no room for more
+    # judged by this scorer's objective from here on (``best`` may come from a search steered by another)
+    best = Candidate(score.objective.score(best.prediction), best.grid, best.pipelines, best.prediction)
     for _ in range(rounds):
         used = {q for row in best.grid for q in row}
         spares = sorted((q for q in peer_ids if q not in used), key=lambda q: (-peers[q].flops, q))
