@@ -92,7 +92,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="geotrain's overlap tau (inner steps a round hides behind; default H/2, 0 blocks)")
     p.add_argument("--stages", type=int, default=None,
                    help="geotrain's pipeline stages (default 2 when every region has >= 2 peers, else 1)")
-    p.add_argument("--timeout", type=float, default=None, help="seconds allowed per contender")
+    p.add_argument("--cap", type=float, default=None,
+                   help="contenders other than DP train past the budget until they reach the target loss, at most "
+                        "CAP x the budget (default 4; smoke 2)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds allowed per contender at the budget (x CAP for those that train past it)")
     p.add_argument("--work-dir", default=None, help="keep snapshots, logs and reports here (default: a temp dir)")
     args = p.parse_args(argv)
     args.contenders = [c.strip() for c in args.contenders.split(",") if c.strip()]
@@ -105,6 +109,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.every = args.every or (5 if smoke else 10)
     args.overlap = args.every // 2 if args.overlap is None else args.overlap
     args.timeout = args.timeout or (100.0 if smoke else 420.0)
+    args.cap = args.cap or (2.0 if smoke else 4.0)
+    if args.cap < 1:
+        p.error("--cap must be >= 1 (a multiple of the budget)")
     if args.budget_tokens is None:
         args.budget_tokens = 3 * 16 * 32 * 15 if smoke else 6 * 16 * 32 * 300
     if args.peers < 2:
@@ -222,26 +229,39 @@ def main(argv: list[str] | None = None) -> int:
           "budget_tokens": args.budget_tokens, "steps_per_peer": steps, "batch_per_peer": batch, "seq_len": seq_len,
           "every": args.every, "overlap": args.overlap, "network": "netns" if shaped else "loopback", "bytes_method": network.bytes_method,
           "delay_method": network.delay_method if delayed else "geotrain transport only (LinkEmulator)",
-          "scale": args.scale, "regime": args.regime, "init_val_loss": init_loss, "notes": notes, "work_dir": str(work)})
+          "scale": args.scale, "regime": args.regime, "cap": args.cap,
+          "cap_tokens": int(args.cap * args.budget_tokens), "init_val_loss": init_loss, "notes": notes, "work_dir": str(work)})
     lines: dict[str, dict[str, Any]] = {}
     curves: dict[str, list[dict[str, Any]]] = {}
+    cache: dict[str, float] = {}  # validation loss by checkpoint, shared by the watch and the curves
+    links = _links(scenario)
+    params = _param_count(spec_job)
     try:
         for name in args.contenders:
             cdir = work / name
             cdir.mkdir(parents=True, exist_ok=True)
             t_start = time.monotonic()
+            # the loss to train to past the budget: DP's (and, for geotrain, flat DiLoCo's best if lower)
+            goal = None if name == "ddp" else _goal(name, lines, curves)
+            reached = None if goal is None else _watch(spec_job, goal, cache)
             try:
                 if name == "geotrain":
                     line, curve = _geotrain(run_geotrain, evaluate_checkpoints, job, spec_job, args, network,
-                                            regions, prices, scenario_path, cdir, init_loss)
+                                            regions, prices, scenario_path, cdir, init_loss, reached, cache)
                 else:
-                    spec = _worker_spec(name, args, job, steps, batch, regions, cdir)
+                    spec = _worker_spec(name, args, job, steps, batch, regions, cdir, links, params,
+                                        extend=reached is not None)
                     run = run_workers(name, spec, network=network, regions=regions, work_dir=cdir,
-                                      timeout_s=args.timeout)
-                    curve = evaluate_checkpoints(spec_job, run.snapshots, init_loss)
-                    line = _worker_line(name, run, curve)
+                                      timeout_s=spec.timeout_s + 60.0, reached=reached)
+                    curve = evaluate_checkpoints(spec_job, run.snapshots, init_loss, cache=cache)
+                    line = _worker_line(name, run, curve, args.budget_tokens)
+                    line["timeouts"] = {"matchmaking_s": spec.matchmaking_s,
+                                        "averaging_timeout_s": spec.averaging_timeout_s}
             except (TimeoutError, RuntimeError, OSError) as e:
                 line, curve = {"error": f"{type(e).__name__}: {e}"[:800]}, []
+            why = _failed(line, curve)
+            line.update({"failed": why is not None, "why": why} if why else {"failed": False})
+            line["goal_loss"] = goal
             network.check()  # a dead delay layer cuts the regions off: that is no contender's failure
             line.update(_money(line, regions, prices, egress, usd))
             line = {"event": "contender", "name": name, "label": LABELS[name], **line,
@@ -254,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
             line["time_to_target_s"] = time_to_target(curves[name], target)
             line["reached_target"] = line["time_to_target_s"] is not None
             _say(line)
-        _say(_summary(lines, target, ratio))
+        _say(_summary(lines, target, ratio, curves, time_to_target))
     finally:
         network.close()
         if own_dir:
@@ -290,31 +310,106 @@ def _regime_scenario(args: argparse.Namespace, job: dict[str, Any], scenario: di
     return mapping.scenario(scenario)
 
 
+def _links(scenario: dict[str, Any]) -> dict[str, float]:
+    """The slowest emulated link between regions: ``min_bandwidth_bps`` (bytes/s) and ``max_rtt_s``."""
+    from geotrain.emulate import topology_from_dict
+
+    topo = topology_from_dict(scenario)
+    cross = [ln for (a, b), ln in topo.links.items() if a != b]
+    if not cross:
+        return {"min_bandwidth_bps": float("inf"), "max_rtt_s": 0.0}
+    return {"min_bandwidth_bps": min(ln.bandwidth_bps for ln in cross), "max_rtt_s": max(ln.rtt_s for ln in cross)}
+
+
+def _param_count(spec_job: Any) -> int:
+    from geotrain.models import build_stage
+
+    block_model = spec_job.model.block_model(spec_job.job.seed)
+    model = build_stage(block_model, (0, block_model.num_blocks), spec_job.job.seed)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def hivemind_timeouts(*, smoke: bool, params: int, peers: int, links: dict[str, float]) -> tuple[float, float]:
+    """``(matchmaking_s, averaging_timeout_s)`` for hivemind's contenders, scaled with the emulated links.
+
+    Matchmaking needs a few DHT round trips (each a few hops): at least 10 RTTs of
+    the slowest link. An fp16 all-reduce moves ~2 (n - 1) / n of the vector in and
+    out of every peer: the timeout allows 4x that over the slowest link, plus
+    20 RTTs; never below the defaults that work on fast links.
+    """
+    base_mm, base_avg = (1.5, 10.0) if smoke else (2.0, 20.0)
+    rtt, bw = links["max_rtt_s"], links["min_bandwidth_bps"]
+    allreduce_s = 2 * (peers - 1) / peers * params * 2 / bw if bw != float("inf") else 0.0
+    return max(base_mm, 10 * rtt), max(base_avg, 4 * allreduce_s + 20 * rtt)
+
+
 def _worker_spec(name: str, args: argparse.Namespace, job: dict[str, Any], steps: int, batch: int,
-                 regions: list[str], cdir: Path) -> Any:
+                 regions: list[str], cdir: Path, links: dict[str, float], params: int, *, extend: bool) -> Any:
     from benchmarks.contenders.common import WorkerSpec
 
     # hivemind: local steps per peer per global step (its large batch); an epoch must last well beyond
     # matchmaking or peers miss each other's groups, so ~6 epochs per run (3 in smoke mode)
     per_epoch = max(4, steps // (3 if args.smoke else 6))
+    epochs = max(1, steps // per_epoch)
+    cap = args.cap if extend else 1.0
+    matchmaking_s, averaging_s = hivemind_timeouts(smoke=args.smoke, params=params, peers=args.peers, links=links)
     return WorkerSpec(
         contender=name, job=job, world=args.peers, steps=steps, out_dir=str(cdir / "snapshots"),
-        snapshot_every=max(1, steps // (5 if args.smoke else 10)), timeout_s=args.timeout, every=args.every,
-        target_batch_size=args.peers * batch * per_epoch, epochs=max(1, steps // per_epoch),
-        matchmaking_s=1.5 if args.smoke else 2.0, averaging_timeout_s=10.0 if args.smoke else 20.0, run_id=f"e2e{os.getpid()}",
+        snapshot_every=max(1, steps // (5 if args.smoke else 10)), timeout_s=args.timeout * cap, every=args.every,
+        target_batch_size=args.peers * batch * per_epoch, epochs=epochs,
+        matchmaking_s=matchmaking_s, averaging_timeout_s=averaging_s, run_id=f"e2e{os.getpid()}",
         regions={str(i): r for i, r in enumerate(regions)},
+        max_steps=int(steps * cap), max_epochs=int(epochs * cap),
     )
 
 
-def _worker_line(name: str, run: Any, curve: list[dict[str, Any]]) -> dict[str, Any]:
+def _goal(name: str, lines: dict[str, dict[str, Any]], curves: dict[str, list[dict[str, Any]]]) -> float | None:
+    """The loss ``name`` trains to past the budget: DP's final loss; for geotrain also flat DiLoCo's best."""
+    goals = [lines["ddp"].get("val_loss_final")] if "ddp" in lines else []
+    if name == "geotrain" and curves.get("diloco"):
+        goals.append(min(r["loss"] for r in curves["diloco"]))
+    goals = [g for g in goals if g is not None]
+    return min(goals) if goals else None
+
+
+def _watch(spec_job: Any, goal: float, cache: dict[str, float]) -> Any:
+    """A ``reached(checkpoint)`` callback: evaluates the checkpoint (cached) and says whether it is at ``goal``."""
+    from benchmarks.contenders.results import checkpoint_loss
+
+    def reached(c: dict[str, Any]) -> bool:
+        return checkpoint_loss(spec_job, c, cache) <= goal
+
+    return reached
+
+
+def _at_budget(curve: list[dict[str, Any]], budget_tokens: int) -> dict[str, Any] | None:
+    """The last curve point at or below the budget's tokens (the fixed-budget model)."""
+    within = [r for r in curve if r["tokens"] <= budget_tokens]
+    return within[-1] if within else None
+
+
+def _failed(line: dict[str, Any], curve: list[dict[str, Any]]) -> str | None:
+    """Why a contender failed (an error, or no global model after the seed), or None."""
+    if "error" in line:
+        return str(line["error"])
+    if len(curve) <= 1:
+        return "no checkpoint of the global model after the seed (no round or epoch completed)"
+    extra = line.get("extra") or {}
+    if extra.get("rounds_committed") == 0:
+        return f"no round committed ({extra.get('rounds_discarded')} discarded)"
+    return None
+
+
+def _worker_line(name: str, run: Any, curve: list[dict[str, Any]], budget_tokens: int) -> dict[str, Any]:
     dones = run.dones
     cross_self = [d.get("self_bytes_cross") for d in dones]
     total_self = [d.get("self_bytes_total") for d in dones]
-    kb = run.kernel_bytes
+    kb = run.kernel_budget_bytes or run.kernel_bytes
+    at = _at_budget(curve, budget_tokens)
     return {
-        "wall_s": run.wall_s,
-        "tokens": curve[-1]["tokens"] if curve else 0,
-        "val_loss_final": curve[-1]["loss"] if curve else None,
+        "wall_s": run.budget_s if run.budget_s is not None else run.wall_s,
+        "tokens": at["tokens"] if at else 0,
+        "val_loss_final": at["loss"] if at else None,
         "cross_region_bytes": kb["cross_total"] if kb else _sum(cross_self),
         "total_bytes": kb["total"] if kb else _sum(total_self),
         "bytes_by_region_pair": kb["cross"] if kb else None,
@@ -322,36 +417,57 @@ def _worker_line(name: str, run: Any, curve: list[dict[str, Any]]) -> dict[str, 
         "self_counted": {"cross_region_bytes": _sum(cross_self), "total_bytes": _sum(total_self),
                          "method": dones[0].get("self_bytes_method")},
         "setup_cross_region_bytes": run.kernel_setup_bytes["cross_total"] if run.kernel_setup_bytes else None,
-        "compute_utilisation": sum(d["utilisation"] for d in dones) / len(dones),
+        "compute_utilisation": sum(_budget_util(d) for d in dones) / len(dones),
         "checkpoints": len(curve) - 1,
         "curve": [[r["t_s"], r["tokens"], r["loss"]] for r in curve],
+        "extended": _extended(run.wall_s, curve, run.kernel_bytes, run.stopped),
         "extra": {k: dones[0][k] for k in ("epochs", "rounds_committed", "rounds_discarded", "timed_out")
                   if k in dones[0]},
     }
 
 
+def _budget_util(done: dict[str, Any]) -> float:
+    """A worker's forward/backward share of its training time up to the budget (the whole run without one)."""
+    b, c = done.get("budget_s"), done.get("compute_budget_s")
+    return c / b if b and c is not None else float(done["utilisation"])
+
+
+def _extended(trained_s: float, curve: list[dict[str, Any]], kb: dict[str, Any] | None, stopped: str | None
+              ) -> dict[str, Any]:
+    """The whole run, past the budget: how long, how far, the best loss, bytes, and why it stopped."""
+    return {"trained_s": trained_s, "tokens": curve[-1]["tokens"] if curve else 0,
+            "val_loss_best": min(r["loss"] for r in curve) if curve else None,
+            "cross_region_bytes": kb["cross_total"] if kb else None, "stopped": stopped}
+
+
 def _geotrain(run_geotrain: Any, evaluate_checkpoints: Any, job: dict[str, Any], spec_job: Any,
               args: argparse.Namespace, network: Any, regions: list[str], prices: dict[str, float],
-              scenario_path: Path, cdir: Path, init_loss: float) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+              scenario_path: Path, cdir: Path, init_loss: float, reached: Any,
+              cache: dict[str, float]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    budget_steps = int(job["stop"]["steps"])
+    cap = args.cap if reached is not None else 1.0
+    job = {**job, "stop": {**job["stop"], "steps": int(budget_steps * cap)}}
     run = run_geotrain(job, network=network, regions=regions, prices=prices, scenario_path=scenario_path,
-                       work_dir=cdir, timeout_s=args.timeout, job_id=f"e2e-{os.getpid()}")
+                       work_dir=cdir, timeout_s=args.timeout * cap, job_id=f"e2e-{os.getpid()}",
+                       budget_steps=budget_steps, reached=reached)
     rep = run.report
     s = rep["summary"]
-    curve = evaluate_checkpoints(spec_job, run.checkpoints, init_loss)
+    curve = evaluate_checkpoints(spec_job, run.checkpoints, init_loss, cache=cache)
     final = next((v for v in reversed(rep.get("validation", [])) if v.get("source") != "init"), None)
     if not run.checkpoints and final is not None and final.get("loss") is not None:
         # no checkpoints to evaluate: the coordinator's final evaluation is the only point after the seed
         curve.append({"t_s": run.wall_s, "tokens": s["tokens"], "loss": final["loss"]})
+    at = _at_budget(curve, args.budget_tokens)
     pairs = rep["bytes"]["by_region_pair"]
     self_cross = sum(v for k, v in pairs.items() if k.split("->")[0] != k.split("->")[1]
                      and k.split("->")[1] != "coordinator")
-    kb = run.kernel_bytes
+    kb = run.kernel_budget_bytes or run.kernel_bytes
     util = rep.get("utilisation") or {}
     plan = (rep.get("plans") or [{}])[-1]
     return {
-        "wall_s": run.wall_s,
-        "tokens": s["tokens"],
-        "val_loss_final": curve[-1]["loss"] if len(curve) > 1 else s.get("val_loss_final"),
+        "wall_s": run.budget_s if run.budget_s is not None else run.wall_s,
+        "tokens": at["tokens"] if at else s["tokens"],
+        "val_loss_final": at["loss"] if at and at["tokens"] > 0 else s.get("val_loss_final"),
         "val_loss_final_coordinator": s.get("val_loss_final"),
         "cross_region_bytes": kb["cross_total"] if kb else self_cross,
         "total_bytes": kb["total"] if kb else s["total_bytes"],
@@ -364,6 +480,8 @@ def _geotrain(run_geotrain: Any, evaluate_checkpoints: Any, job: dict[str, Any],
         "checkpoints": len(run.checkpoints),
         "checkpoint_note": run.checkpoint_note,
         "curve": [[r["t_s"], r["tokens"], r["loss"]] for r in curve],
+        "extended": _extended(run.wall_s, curve, run.kernel_bytes, run.stopped),
+        "utilisation_note": "geotrain's report: compute time over time in the plan, the whole run",
         "extra": {"pipelines": len(plan.get("pipelines") or []),
                   "stages": [len(p) for p in plan.get("pipelines") or []],
                   "plan_versions": s.get("plan_versions"), "report_wall_s": s.get("wall_s")},
@@ -391,15 +509,25 @@ def _sum(xs: list[Any]) -> float | None:
     return None if any(x is None for x in xs) else float(sum(xs))
 
 
-def _summary(lines: dict[str, dict[str, Any]], target: float | None, ratio: Any) -> dict[str, Any]:
+def _summary(lines: dict[str, dict[str, Any]], target: float | None, ratio: Any,
+             curves: dict[str, list[dict[str, Any]]], time_to_target: Any) -> dict[str, Any]:
     geo = lines.get("geotrain", {})
     out: dict[str, Any] = {"event": "summary", "target_loss": target, "target_from": "ddp" if "ddp" in lines else None}
     for name in ("ddp", "hivemind", "diloco"):
         if name not in lines:
             continue
         other = lines[name]
+        t_other, t_geo = other.get("time_to_target_s"), geo.get("time_to_target_s")
+        extra: dict[str, Any] = {}
+        if name == "diloco" and curves.get("diloco"):
+            # against flat DiLoCo: time to the best loss it reaches at all (budget or past it)
+            best = min(r["loss"] for r in curves["diloco"])
+            t_other, t_geo = time_to_target(curves["diloco"], best), time_to_target(curves.get("geotrain", []), best)
+            extra = {"target_loss": best, "target_from": "diloco best", "diloco_time_to_best_s": t_other,
+                     "geotrain_time_to_it_s": t_geo}
         out[f"vs_{name}"] = {
-            "speedup_to_target": ratio(other.get("time_to_target_s"), geo.get("time_to_target_s")),
+            "speedup_to_target": ratio(t_other, t_geo),
+            **extra,
             "wall_ratio": ratio(other.get("wall_s"), geo.get("wall_s")),
             "cross_region_bytes_ratio": ratio(other.get("cross_region_bytes"), geo.get("cross_region_bytes")),
             "self_counted_cross_bytes_ratio": ratio((other.get("self_counted") or {}).get("cross_region_bytes"),

@@ -36,6 +36,10 @@ class WorkerSpec:
 
     ``steps``: inner steps per peer (DP, DiLoCo); ``epochs``: hivemind.Optimizer
     epochs (global steps of ``target_batch_size`` samples); ``every``: DiLoCo's H.
+    Both are the *budget*; ``max_steps``/``max_epochs`` (0: the budget) are the
+    *cap*: a worker trains past the budget up to the cap until the benchmark
+    writes ``stop`` on its stdin (the target loss was reached), and prints a
+    ``budget`` event when it passes the budget.
     """
 
     contender: str
@@ -54,6 +58,8 @@ class WorkerSpec:
     averaging_timeout_s: float = 30.0
     run_id: str = "e2e"
     regions: dict[str, str] = field(default_factory=dict)  # rank (str) -> region, for self-counted bytes
+    max_steps: int = 0
+    max_epochs: int = 0
 
     def __post_init__(self) -> None:
         if self.world < 2:
@@ -75,6 +81,15 @@ class WorkerSpec:
 def emit(event: dict[str, Any]) -> None:
     """One JSON line on stdout: the worker's only channel to the benchmark."""
     print(json.dumps(event, default=str), flush=True)
+
+
+def stop_requested() -> bool:
+    """True once the benchmark wrote ``stop`` on stdin (never blocks; stdin closed counts as stop)."""
+    ready, _, _ = select.select([sys.stdin], [], [], 0)
+    if not ready:
+        return False
+    line = sys.stdin.readline()
+    return not line or line.strip() == "stop"
 
 
 def wait_go(timeout_s: float) -> None:
@@ -146,7 +161,16 @@ class Setup:
         self._snapshots += 1
         emit({"event": "snapshot", "t_s": round(t_s, 4), "tokens": int(tokens), "path": str(path)})
 
+    def budget(self, tokens: int) -> None:
+        """Announce that this worker just trained its budget (its wall time so far is the fixed-budget time)."""
+        self.budget_s = self.elapsed()
+        self.compute_budget_s = self.compute_s
+        emit({"event": "budget", "rank": self.rank, "t_s": round(self.budget_s, 4), "tokens": int(tokens)})
+
     def done(self, **fields: Any) -> None:
         wall = self.elapsed()
+        budget_s = getattr(self, "budget_s", None)
         emit({"event": "done", "rank": self.rank, "train_s": round(wall, 4), "compute_s": round(self.compute_s, 4),
-              "utilisation": self.compute_s / wall if wall > 0 else 0.0, **fields})
+              "utilisation": self.compute_s / wall if wall > 0 else 0.0,
+              "budget_s": None if budget_s is None else round(budget_s, 4),
+              "compute_budget_s": round(getattr(self, "compute_budget_s", self.compute_s), 4), **fields})

@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     per_rank = 2 * (world - 1) / world * numel * 4 * spec.steps
     ring = [spec.regions.get(str(r), "?") for r in range(world)]
     crosses = ring[args.rank] != ring[(args.rank + 1) % world]
+    s.budget(spec.steps * world * s.tokens_per_step)  # DP trains exactly the budget: it sets the target
     s.done(steps=spec.steps, tokens=spec.steps * s.tokens_per_step, loss=loss,
            self_bytes_total=per_rank, self_bytes_cross=per_rank if crosses else 0.0,
            self_bytes_method="ring all-reduce model (2(W-1)/W x fp32 gradients per step)")

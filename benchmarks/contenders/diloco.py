@@ -20,7 +20,7 @@ import logging
 
 import torch
 
-from benchmarks.contenders.common import Setup, WorkerSpec, emit, wait_go
+from benchmarks.contenders.common import Setup, WorkerSpec, emit, stop_requested, wait_go
 
 REGIONS_KEY_SUFFIX = "-regions"
 
@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     loss = float("nan")
     frag = sync.fragment
     step = 0
-    for step in range(spec.steps):
+    stopped = "cap"
+    for step in range(max(spec.max_steps, spec.steps)):
         opt.zero_grad()
         loss = s.forward_backward(step)
         opt.step()
@@ -81,11 +82,17 @@ def main(argv: list[str] | None = None) -> int:
                 named[n] = flat[pos : pos + q.numel()].view_as(q)
                 pos += q.numel()
             s.snapshot((step + 1) * spec.world * s.tokens_per_step, named)
+        if step + 1 == spec.steps:
+            s.budget((step + 1) * spec.world * s.tokens_per_step)
+        if step + 1 >= spec.steps and stop_requested():
+            stopped = "target"
+            break
         if s.elapsed() > spec.timeout_s:
+            stopped = "timeout"
             break
     st = sync.stats
     s.done(steps=step + 1, tokens=(step + 1) * s.tokens_per_step, loss=loss,
-           rounds_committed=st.rounds_committed, rounds_discarded=st.rounds_discarded,
+           rounds_committed=st.rounds_committed, rounds_discarded=st.rounds_discarded, stopped=stopped,
            self_bytes_total=float(st.bytes_cross + st.bytes_intra), self_bytes_cross=float(st.bytes_cross),
            self_bytes_method="hivemind routing model (serialized part sizes)")
     sync.shutdown()

@@ -8,6 +8,11 @@ shape it), and the coordinator ``geotrain run --json``
 in the first region. The clock starts at the coordinator's ``plan`` event
 (when training can begin) and stops at the first ``progress`` event in which
 every peer of the plan reports done; the kernel counters are read at both.
+The job's ``stop.steps`` may lie past the budget (``budget_steps``): the first
+progress line where every peer has passed the budget gives the fixed-budget
+time and counters, and past it each new complete checkpoint goes to
+``reached``; when it says the target loss is reached the coordinator gets
+SIGTERM (it stops the job and writes its report) and the clock stops there.
 
 Checkpoints: the job sets ``checkpoint.dir``, so after every round each stage
 group writes its committed global blocks (``geotrain.peers.checkpoint``); a
@@ -19,8 +24,9 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +35,7 @@ from benchmarks.contenders.launch import Network, Procs, diff
 
 logger = logging.getLogger(__name__)
 
-DONE = 2.0  # a peer's progress status once it reached the stop step (geotrain.coordinator)
+DONE = ("done", 2.0)  # a peer's progress status once it reached the stop step (PeerStatus.DONE; 2.0 before it)
 
 
 @dataclass
@@ -40,6 +46,9 @@ class GeotrainRun:
     kernel_bytes: dict[str, Any] | None = None
     kernel_setup_bytes: dict[str, Any] | None = None
     checkpoint_note: str | None = None
+    budget_s: float | None = None
+    kernel_budget_bytes: dict[str, Any] | None = None
+    stopped: str = "cap"  # "target": stopped once a checkpoint reached the target loss
 
 
 def to_toml(job: Mapping[str, Mapping[str, Any]]) -> str:
@@ -65,6 +74,7 @@ def to_toml(job: Mapping[str, Mapping[str, Any]]) -> str:
 def run_geotrain(
     job: dict[str, Any], *, network: Network, regions: list[str], prices: Mapping[str, float],
     scenario_path: Path, work_dir: Path, timeout_s: float, job_id: str,
+    budget_steps: int | None = None, reached: Callable[[dict[str, Any]], bool] | None = None,
 ) -> GeotrainRun:
     """Start a bootstrap, ``len(regions)`` peers and the coordinator; train the job; return what it measured."""
     deadline = time.monotonic() + timeout_s
@@ -95,10 +105,14 @@ def run_geotrain(
         coord = procs.start_in("coordinator", "geotrain",
                             ["run", str(job_path), "--initial-peers", *maddrs, "--job-id", job_id,
                              "--report-dir", str(report_dir), "--host", network.host(home), "--json"], region=home)
-        coord.wait_event("plan", left())
+        plan = coord.wait_event("plan", left())
         at_go, t_go, t_go_wall = network.counters(), time.monotonic(), time.time()
         at_end: dict[str, dict[str, int]] | None = None
+        at_budget: dict[str, dict[str, int]] | None = None
         t_end: float | None = None
+        t_budget: float | None = None
+        stopped = "cap"
+        scanned: set[str] = set()
         while True:
             e = coord.next_event(min(left(), 1.0))
             if time.monotonic() >= deadline:
@@ -106,21 +120,42 @@ def run_geotrain(
             if e is None:
                 continue
             if t_end is None and e.get("event") == "progress":
-                st = [v.get("status") for v in e.get("peers", {}).values()]
-                if len(st) >= len(regions) and all(s == DONE for s in st):
+                peers_p = e.get("peers", {}).values()
+                st = [v.get("status") for v in peers_p]
+                steps = [int(v.get("step") or 0) for v in peers_p]
+                if (budget_steps is not None and t_budget is None and len(steps) >= len(regions)
+                        and min(steps) >= budget_steps):
+                    at_budget, t_budget = network.counters(), time.monotonic()
+                if t_budget is not None and reached is not None:
+                    fresh, _ = read_checkpoints(job, job_id, int(plan.get("pipelines") or 1), t_go_wall, skip=scanned)
+                    if any(reached(c) for c in fresh):
+                        at_end, t_end, stopped = network.counters(), time.monotonic(), "target"
+                        coord.signal(signal.SIGTERM)  # the coordinator stops the job and writes its report
+                        continue
+                if len(st) >= len(regions) and all(s in DONE for s in st):
                     at_end, t_end = network.counters(), time.monotonic()
             if e.get("event") == "report":
                 break
         if t_end is None:  # the coordinator saw every peer done between two progress lines
             at_end, t_end = network.counters(), time.monotonic()
     report = json.loads((report_dir / "report.json").read_text())
-    checkpoints, note = read_checkpoints(job, report, t_go_wall)
+    pipelines = len((report.get("plans") or [{}])[-1].get("pipelines") or [])
+    checkpoints, note = read_checkpoints(job, report["summary"]["job_id"], pipelines, t_go_wall)
+    if budget_steps is not None and t_budget is None and stopped != "target":
+        at_budget, t_budget = at_end, t_end  # the run ended at (or before) the budget
     return GeotrainRun(wall_s=t_end - t_go, report=report, checkpoints=checkpoints, checkpoint_note=note,
-                       kernel_bytes=diff(at_end, at_go), kernel_setup_bytes=diff(at_go, before_setup))
+                       kernel_bytes=diff(at_end, at_go), kernel_setup_bytes=diff(at_go, before_setup),
+                       budget_s=None if t_budget is None else t_budget - t_go,
+                       kernel_budget_bytes=diff(at_budget, at_go), stopped=stopped)
 
 
-def read_checkpoints(job: dict[str, Any], report: dict[str, Any], t_go_wall: float) -> tuple[list[dict[str, Any]], str | None]:
-    """Complete checkpoints as ``[{t_s, tokens, params}]``; a note instead when there are none."""
+def read_checkpoints(job: dict[str, Any], job_id: str, pipelines: int, t_go_wall: float,
+                     skip: set[str] | None = None) -> tuple[list[dict[str, Any]], str | None]:
+    """Complete checkpoints as ``[{t_s, tokens, params}]``; a note instead when there are none.
+
+    With ``skip``: steps whose directory is in it are left out, and the
+    complete ones read now are added to it (to read new checkpoints during a run).
+    """
     root = Path(job["checkpoint"]["dir"])
     try:
         from geotrain.peers import checkpoint
@@ -129,24 +164,26 @@ def read_checkpoints(job: dict[str, Any], report: dict[str, Any], t_go_wall: flo
     from geotrain.models import GPTConfig
 
     num_blocks = GPTConfig.preset(job["model"]["preset"]).num_blocks
-    plans = report.get("plans") or [{}]
-    pipelines = len(plans[-1].get("pipelines") or [])
     tokens_per_step = pipelines * job["pipeline"]["micro_batch_size"] * job["pipeline"]["microbatches"] * \
         GPTConfig.preset(job["model"]["preset"]).seq_len
     out = []
     for d in sorted(root.glob("step-*")):
+        if skip is not None and d.name in skip:
+            continue
         manifests = list(d.glob("b*-*.json"))
         if not manifests:
             continue
         step = int(d.name.split("-")[1])
         try:
-            state = checkpoint.load(root, step, job_id=report["summary"]["job_id"])
+            state = checkpoint.load(root, step, job_id=job_id)
         except Exception as e:  # noqa: BLE001 (a half-written step is skipped, as the resume path does)
             logger.info("checkpoint %s skipped: %s", d, e)
             continue
         covered = {int(n.split(".")[1]) for n in state.params if n.startswith("blocks.")}
         if covered and len(covered) < num_blocks:
             continue
+        if skip is not None:
+            skip.add(d.name)
         t = max(m.stat().st_mtime for m in manifests) - t_go_wall
         out.append({"t_s": t, "tokens": step * tokens_per_step, "params": state.params})
     note = None if out else f"no complete checkpoints under {root}: only the final global model is evaluated"

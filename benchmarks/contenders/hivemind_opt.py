@@ -25,7 +25,7 @@ import logging
 
 import torch
 
-from benchmarks.contenders.common import Setup, WorkerSpec, emit, wait_go
+from benchmarks.contenders.common import Setup, WorkerSpec, emit, stop_requested, wait_go
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     s.start_clock()
     step, epoch, loss = 0, opt.local_epoch, float("nan")
     tokens_per_epoch = spec.target_batch_size * s.seq_len
-    timed_out = False
-    while opt.local_epoch < spec.epochs:
+    timed_out, stopped = False, "cap"
+    while opt.local_epoch < max(spec.max_epochs, spec.epochs):
         opt.zero_grad()
         loss = s.forward_backward(step)
         opt.step()
@@ -75,10 +75,15 @@ def main(argv: list[str] | None = None) -> int:
             epoch = opt.local_epoch
             if args.rank == 0:
                 s.snapshot(epoch * tokens_per_epoch)
-        if s.elapsed() > spec.timeout_s:
-            timed_out = True
+            if epoch == spec.epochs:
+                s.budget(epoch * tokens_per_epoch)
+        if opt.local_epoch >= spec.epochs and stop_requested():
+            stopped = "target"
             break
-    s.done(steps=step, tokens=step * s.tokens_per_step, loss=loss, epochs=opt.local_epoch, timed_out=timed_out,
+        if s.elapsed() > spec.timeout_s:
+            timed_out, stopped = True, "timeout"
+            break
+    s.done(steps=step, tokens=step * s.tokens_per_step, loss=loss, epochs=opt.local_epoch, timed_out=timed_out, stopped=stopped,
            self_bytes_total=None, self_bytes_cross=None, self_bytes_method="none (hivemind reports no bytes)")
     opt.shutdown()
     dht.shutdown()

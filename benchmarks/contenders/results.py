@@ -6,7 +6,9 @@ model is evaluated with :func:`geotrain.coordinator.evaluate.validation_loss`
 (training wall time, validation loss). The *target* is the loss contender 1
 (synchronous data parallel) reaches at the budget; *time to target* is where
 the curve first crosses it, interpolated linearly between the two checkpoints
-around the crossing (None if the curve never reaches it within the budget).
+around the crossing (None if the curve never reaches it). Contenders other
+than DP train past the budget until a checkpoint reaches the target (or a cap),
+so their curves cover more than the budget.
 """
 
 from __future__ import annotations
@@ -21,16 +23,28 @@ import torch
 from geotrain.config import JobSpec
 
 
-def evaluate_checkpoints(job: JobSpec, checkpoints: Sequence[dict[str, Any]], init_loss: float) -> list[dict[str, Any]]:
-    """``[{t_s, tokens, loss}]`` sorted by time, starting with the seeded model at t = 0."""
+def checkpoint_loss(job: JobSpec, c: Mapping[str, Any], cache: dict[str, float] | None = None) -> float:
+    """Validation loss of one checkpoint (``params``, or a snapshot ``path``), remembered in ``cache``."""
     from geotrain.coordinator.evaluate import validation_loss
 
+    key = str(c["path"]) if c.get("path") else f"{c['tokens']}@{float(c['t_s']):.6f}"
+    if cache is not None and key in cache:
+        return cache[key]
+    params = c.get("params")
+    if params is None:
+        params = torch.load(Path(c["path"]), weights_only=True, map_location="cpu")
+    loss = float(validation_loss(job, params))
+    if cache is not None:
+        cache[key] = loss
+    return loss
+
+
+def evaluate_checkpoints(job: JobSpec, checkpoints: Sequence[dict[str, Any]], init_loss: float,
+                         cache: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    """``[{t_s, tokens, loss}]`` sorted by time, starting with the seeded model at t = 0."""
     curve = [{"t_s": 0.0, "tokens": 0, "loss": init_loss}]
     for c in checkpoints:
-        params = c.get("params")
-        if params is None:
-            params = torch.load(Path(c["path"]), weights_only=True, map_location="cpu")
-        curve.append({"t_s": float(c["t_s"]), "tokens": int(c["tokens"]), "loss": validation_loss(job, params)})
+        curve.append({"t_s": float(c["t_s"]), "tokens": int(c["tokens"]), "loss": checkpoint_loss(job, c, cache)})
     curve.sort(key=lambda r: r["t_s"])
     return curve
 

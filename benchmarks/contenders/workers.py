@@ -3,7 +3,10 @@
 Sequence: rank 0 first (it owns the rendezvous: a TCPStore port or the DHT's
 multiaddrs, read from its ready line), then the other ranks; when every rank
 has printed ``joined`` the kernel counters are read and every rank gets ``go``
-on stdin. Each rank's ``done`` line carries its own training wall time and
+on stdin. The counters are read again when rank 0 prints ``budget`` (the
+fixed-budget bytes). Past the budget, each new snapshot of rank 0 goes to
+``reached`` (the benchmark evaluates it); when it says the target loss is
+reached, every rank gets ``stop`` on stdin. Each rank's ``done`` line carries its own training wall time and
 forward/backward time; rank 0's ``snapshot`` lines are the global model's
 checkpoints. Every child is ended when the run is over, whatever happened.
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,14 +39,22 @@ class WorkerRun:
     wall_s: float
     dones: list[dict[str, Any]]
     snapshots: list[dict[str, Any]] = field(default_factory=list)
-    kernel_bytes: dict[str, Any] | None = None
+    kernel_bytes: dict[str, Any] | None = None  # go -> end (the whole run, past the budget too)
     kernel_setup_bytes: dict[str, Any] | None = None
+    kernel_budget_bytes: dict[str, Any] | None = None  # go -> rank 0's budget event
+    budget_s: float | None = None  # rank 0's wall time at the budget
+    stopped: str | None = None  # "target" (the benchmark sent stop), else what the workers said (cap, timeout)
 
 
 def run_workers(
-    kind: str, spec: WorkerSpec, *, network: Network, regions: list[str], work_dir: Path, timeout_s: float
+    kind: str, spec: WorkerSpec, *, network: Network, regions: list[str], work_dir: Path, timeout_s: float,
+    reached: Callable[[dict[str, Any]], bool] | None = None,
 ) -> WorkerRun:
-    """Run ``spec.world`` peers of contender ``kind`` (a key of :data:`MODULES`) and wait for them all."""
+    """Run ``spec.world`` peers of contender ``kind`` (a key of :data:`MODULES`) and wait for them all.
+
+    ``reached(snapshot event)``: called on each of rank 0's snapshots after its
+    budget event; True sends ``stop`` to every rank.
+    """
     module = MODULES[kind]
     spec_path = spec.dump(work_dir / "spec.json")
     deadline = time.monotonic() + timeout_s
@@ -69,9 +81,50 @@ def run_workers(
         at_go = network.counters()
         for p in ranks:
             p.send("go")
-        dones = [p.wait_event("done", left()) for p in ranks]
+        dones: dict[int, dict[str, Any]] = {}
+        at_budget: dict[str, dict[str, int]] | None = None
+        budget_seen, stop_sent = False, False
+        while len(dones) < len(ranks):
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{kind}: {len(ranks) - len(dones)} ranks not done within {timeout_s:.0f}s")
+            for rank, p in enumerate(ranks):
+                if rank in dones:
+                    continue
+                e = p.next_event(0.05 if rank else 0.2)
+                if e is None:
+                    continue
+                kind_e = e.get("event")
+                if kind_e == "done":
+                    dones[rank] = e
+                elif rank == 0 and kind_e == "budget" and not budget_seen:
+                    budget_seen, at_budget = True, network.counters()
+                    last = [x for x in r0.seen if x.get("event") == "snapshot"][-1:]
+                    if last and reached is not None and reached(last[0]):  # reached within the budget: done
+                        stop_sent = True
+                        for q, other in enumerate(ranks):
+                            if q not in dones:
+                                _send(other, "stop")
+                elif (rank == 0 and kind_e == "snapshot" and budget_seen and not stop_sent and reached is not None
+                      and reached(e)):
+                    stop_sent = True
+                    for q, other in enumerate(ranks):
+                        if q not in dones:
+                            _send(other, "stop")
         at_end = network.counters()
         snapshots = [e for e in r0.seen if e.get("event") == "snapshot"]
-    wall = max(float(d["train_s"]) for d in dones)
-    return WorkerRun(wall_s=wall, dones=dones, snapshots=snapshots,
-                     kernel_bytes=diff(at_end, at_go), kernel_setup_bytes=diff(at_go, before_setup))
+    ordered = [dones[r] for r in range(len(ranks))]
+    wall = max(float(d["train_s"]) for d in ordered)
+    budget_s = ordered[0].get("budget_s")
+    return WorkerRun(wall_s=wall, dones=ordered, snapshots=snapshots,
+                     kernel_bytes=diff(at_end, at_go), kernel_setup_bytes=diff(at_go, before_setup),
+                     kernel_budget_bytes=diff(at_budget, at_go) if at_budget is not None else None,
+                     budget_s=None if budget_s is None else float(budget_s),
+                     stopped="target" if stop_sent else str(ordered[0].get("stopped", "budget")))
+
+
+def _send(child: Any, line: str) -> None:
+    """Write a line to a worker that may have just exited (its stdin then is closed: nothing to tell it)."""
+    try:
+        child.send(line)
+    except (BrokenPipeError, ValueError, OSError):
+        logger.debug("%s exited before %r", child.name, line)

@@ -1,5 +1,8 @@
 """Smoke test of ``python -m benchmarks.e2e --smoke``: every contender trains, reports, and is compared.
 
+Contenders other than DP train past the budget towards DP's loss (at most
+``--cap`` x the budget); both the fixed-budget figures and the whole run are checked.
+
 With root the regions are network namespaces and bytes come from the kernel's
 counters; without root the benchmark runs on loopback (``--netns auto``) and
 the namespace-only assertions are skipped.
@@ -42,10 +45,22 @@ def test_e2e_smoke(capsys: pytest.CaptureFixture[str]) -> None:
         # the curve is the global model's validation loss over training wall time, starting at the seed
         assert ln["curve"][0] == [0.0, 0, init]
         assert all(a[0] <= b[0] for a, b in zip(ln["curve"], ln["curve"][1:], strict=False))
+        # past the budget: the whole run is reported beside the fixed-budget figures
+        ext = ln["extended"]
+        assert ln["failed"] is False and ext["trained_s"] >= ln["wall_s"] - 1e-3
+        assert ext["tokens"] >= ln["tokens"] and ext["val_loss_best"] <= ln["val_loss_final"]
+        if name != "ddp":
+            assert ln["goal_loss"] is not None and ext["stopped"] in ("target", "cap", "timeout")
+            assert ext["tokens"] <= config["cap_tokens"] + 1
+            assert ln["reached_target"] == (min(p[2] for p in ln["curve"]) <= ln["target_loss"])
     ddp = contenders["ddp"]
     assert ddp["target_loss"] == ddp["val_loss_final"] and ddp["reached_target"]
     summary = lines[-1]
     assert summary["event"] == "summary" and summary["target_loss"] == ddp["val_loss_final"]
+    diloco_best = min(p[2] for p in contenders["diloco"]["curve"])
+    assert summary["vs_diloco"]["target_loss"] == diloco_best and summary["vs_diloco"]["target_from"] == "diloco best"
+    for vs in ("vs_ddp", "vs_diloco"):
+        assert {"speedup_to_target", "cross_region_bytes_ratio", "final_loss_delta"} <= set(summary[vs])
     assert set(summary["targets_met"]) == {"speedup_vs_ddp>=10", "speedup_vs_diloco>=1.5",
                                            "cross_region_bytes_vs_ddp>=1000x", "compute_utilisation>=0.95"}
     if config["network"] == "netns":
