@@ -74,7 +74,18 @@ class AgentConfig:
 
 
 class PeerAgent:
-    """Runs one peer until ``stop`` is set. See the module docstring."""
+    """Runs one peer until ``stop`` is set. See the module docstring.
+
+    Thread ownership (docs/architecture.md, "State machines and thread ownership"): the main thread
+    (:meth:`run`) is the only writer of ``_plan``, ``_worker``, ``_status``, ``_step_now``, ``_metrics``,
+    ``_last_state`` and ``_job_baseline``, and swaps them under ``_lock``; the progress thread and the
+    handler pool (state requests) read them under ``_lock``, so they see one plan with its own worker and
+    status, never a mix. ``_latest`` is written by the watcher thread and read by the main thread, under
+    ``_lock`` too. ``_job``, ``_job_key``, ``_following`` and ``_coordinator`` belong to the watcher thread
+    (the others only read the reference); the probe thread owns ``_links``, ``_probed_at`` and the allow-list,
+    and only tests ``_worker is None`` (a hint that paces its probes) without the lock.
+    Nothing slow (a worker's build, close or step, a DHT write) runs while holding ``_lock``.
+    """
 
     def __init__(self, config: AgentConfig, *, swarm: Swarm, transport: Transport, emit: Emit | None = None) -> None:
         self.config = config
@@ -93,7 +104,7 @@ class PeerAgent:
         self._job: JobSpec | None = None
         self._job_key: tuple[str, str] | None = None  # (publisher, job id) of the parsed job
         self._status = PeerStatus.IDLE
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the main thread's swaps (see the class docstring) and _latest
         self._latest: tuple[JobSpec, str, JobPlan] | None = None  # newest (job, id, plan) the watcher saw
         self._news = threading.Event()  # set by the watcher when it read the DHT
         self._step_now = 0  # steps completed under the current plan (for progress)
@@ -154,7 +165,7 @@ class PeerAgent:
         self._sync_router = GroupRouter(self.transport)
         from geotrain.peers.state import serve_state
 
-        serve_state(self.transport, lambda: self._worker, lambda: self._last_state)
+        serve_state(self.transport, lambda: self._locked("_worker"), lambda: self._locked("_last_state"))
         serve_news(self.transport, PLAN_NEWS, self._plan_news)
         hb = self.swarm.start_heartbeat(make_record)
         hb.wait_first(timeout=self.swarm.config.timeout_s)
@@ -163,6 +174,11 @@ class PeerAgent:
             t.start()
             self._threads.append(t)
         return self._record
+
+    def _locked(self, name: str) -> Any:
+        """One of the main thread's fields, read under ``_lock`` (for other threads)."""
+        with self._lock:
+            return getattr(self, name)
 
     def _warm_up(self) -> None:
         from geotrain.peers.benchmark import warm_up_torch
@@ -289,7 +305,9 @@ class PeerAgent:
     def _progress_loop(self) -> None:
         """Background: publish this peer's progress every ``progress_every_s``."""
         while not self._stop.wait(self.config.progress_every_s):
-            self._publish_progress(self._step_now, self._metrics)
+            with self._lock:
+                step, metrics = self._step_now, self._metrics
+            self._publish_progress(step, metrics)
 
     def run(self) -> int:
         """The main loop; returns when ``stop()`` is called. Exit code."""
@@ -310,7 +328,8 @@ class PeerAgent:
                     stalled_since = None
                 elif plan.version == mine.version and plan.stop_step != mine.stop_step:
                     # the coordinator moved the stop (tokens, time or budget reached): nothing to rebuild
-                    self._plan = dataclasses.replace(mine, stop_step=plan.stop_step)
+                    with self._lock:
+                        self._plan = dataclasses.replace(mine, stop_step=plan.stop_step)
             if self._worker is None or self._plan is None:
                 self._news.wait(self.config.poll_s)
                 self._news.clear()
@@ -320,10 +339,10 @@ class PeerAgent:
                 self._finish(step)
                 continue
             try:
-                self._metrics = self._worker.step(step)
+                metrics = self._worker.step(step)
                 step += 1
-                self._step_now = step
-                self._status = PeerStatus.TRAINING
+                with self._lock:
+                    self._metrics, self._step_now, self._status = metrics, step, PeerStatus.TRAINING
             except GeotrainError as e:
                 # a neighbour died or timed out (or a round could not run): wait for the next plan; a retry of
                 # the same step resumes after its optimizer step (StageWorker.step), never applies it twice
@@ -331,7 +350,8 @@ class PeerAgent:
                     stalled_since = time.monotonic()
                     self._emit({"event": "stalled", "peer_id": self.peer_id, "step": step, "error": str(e)})
                     logger.warning("step %d failed: %s; waiting for a new plan", step, e)
-                    self._status = PeerStatus.STALLED
+                    with self._lock:
+                        self._status = PeerStatus.STALLED
                     self._publish_progress(step, self._metrics)
                     self._tell_coordinator()
                 if time.monotonic() - stalled_since > self.config.stall_wait_s:
@@ -348,27 +368,30 @@ class PeerAgent:
         from geotrain.peers.worker import StageWorker
 
         previous = self._plan
-        self._plan = plan
-        if previous is None or previous.job_id != plan.job_id:
-            self._job_baseline = self.transport.stats
-        self.transport.set_context(job=plan.job_id, plan_version=plan.version)
-        state = None
-        if self._worker is not None:
-            state = self._worker.state()
-            self._worker.close()
+        old = self._worker
+        state = old.state() if old is not None else None  # its committed global state, kept for rebuilds
+        placed = plan.slot_of(self.peer_id) is not None
+        with self._lock:  # one swap: readers see the old plan with its worker, or the new plan without one
+            self._plan = plan
+            if previous is None or previous.job_id != plan.job_id:
+                self._job_baseline = self.transport.stats
+            if state is not None:
+                self._last_state = state
             self._worker = None
-        if state is not None:
-            self._last_state = state
-        if plan.slot_of(self.peer_id) is None:
-            self._status = PeerStatus.SPARE
+            self._status = PeerStatus.JOINING if placed else PeerStatus.SPARE
+            if placed:
+                self._step_now = plan.start_step
+        self.transport.set_context(job=plan.job_id, plan_version=plan.version)
+        if old is not None:
+            old.close()
+        if not placed:
             self._emit({"event": "spare", "peer_id": self.peer_id, "plan_version": plan.version})
             return step
         start = plan.start_step
-        self._step_now = start
         same_job = previous is not None and previous.job_id == plan.job_id
         kept = self._last_state if self._last_state is not None and self._last_state.job_id == plan.job_id else None
         try:
-            self._worker = StageWorker(
+            worker = StageWorker(
                 job,
                 plan,
                 peer_id=self.peer_id,
@@ -382,10 +405,12 @@ class PeerAgent:
         except GeotrainError as e:
             # e.g. a checkpoint that cannot be read: this peer sits the plan out; the coordinator replans
             logger.error("cannot take part in plan v%d: %s", plan.version, e)
-            self._status = PeerStatus.STALLED
+            with self._lock:
+                self._status = PeerStatus.STALLED
             self._emit({"event": "error", "peer_id": self.peer_id, "plan_version": plan.version, "error": str(e)})
             return start
-        self._status = PeerStatus.TRAINING
+        with self._lock:
+            self._worker, self._status = worker, PeerStatus.TRAINING
         p, s = plan.slot_of(self.peer_id) or (0, 0)
         self._emit({"event": "plan", "peer_id": self.peer_id, "plan_version": plan.version, "slot": [p, s],
                     "layers": list(plan.slot(p, s).layers), "start_step": start})
@@ -393,14 +418,15 @@ class PeerAgent:
 
     def _finish(self, step: int) -> None:
         if self._status != PeerStatus.DONE:
-            self._status = PeerStatus.DONE
-            assert self._worker is not None
+            worker = self._worker
+            assert worker is not None
             try:
-                self._worker.finish()  # the last round in flight, then the final checkpoint
+                worker.finish()  # the last round in flight, then the final checkpoint
             except GeotrainError as e:  # a failed last round: the state of the rounds before it stands
                 logger.warning("finishing at step %d: %s", step, e)
-            self._last_state = self._worker.state()
-            self._step_now = step
+            state = worker.state()
+            with self._lock:  # done only once the final state is there to be fetched
+                self._status, self._last_state, self._step_now = PeerStatus.DONE, state, step
             self._publish_progress(step, self._metrics)
             self._tell_coordinator()
             self._emit({"event": "done", "peer_id": self.peer_id, "step": step})
@@ -423,18 +449,23 @@ class PeerAgent:
             logger.info("progress not published: %s", e)
 
     def _retire(self) -> None:
-        if self._worker is not None:
-            self._last_state = self._worker.state()
-            self._worker.close()
-            self._worker = None
+        old = self._worker
+        if old is not None:
+            state = old.state()
+            with self._lock:
+                self._last_state, self._worker = state, None
+            old.close()
 
     def _publish_progress(self, step: int, metrics: Any) -> None:
-        if self._following is not None and (self._plan is None or self._plan.job_id != self._following):
-            self._publish_idle(self._following)  # tell the new job's coordinator this peer takes part
+        """Publish this peer's progress (main or progress thread): from one snapshot taken under ``_lock``."""
+        with self._lock:
+            following, plan, w, status = self._following, self._plan, self._worker, self._status
+            last_state, base = self._last_state, self._job_baseline
+        if following is not None and (plan is None or plan.job_id != following):
+            self._publish_idle(following)  # tell the new job's coordinator this peer takes part
             return
-        if self._plan is None:
+        if plan is None:
             return
-        w = self._worker
         stats: dict[str, float] = {}
         loss = None
         tokens = 0
@@ -444,14 +475,13 @@ class PeerAgent:
             loss = w.last_loss
             tokens = w.tokens
             rnd = w.round
-        elif self._last_state is not None:
-            rnd = self._last_state.round
+        elif last_state is not None:
+            rnd = last_state.round
         tstats = self.transport.stats
-        base = self._job_baseline
         sent = {dst: n - (base.sent_bytes.get(dst, 0) if base else 0) for dst, n in tstats.sent_bytes.items()}
         received = sum(tstats.recv_bytes.values()) - (sum(base.recv_bytes.values()) if base else 0)
         # bytes by destination region since the job started (probes before it excluded): the traffic matrix
-        regions = {s.peer: s.region for pipe in self._plan.pipelines for s in pipe}
+        regions = {s.peer: s.region for pipe in plan.pipelines for s in pipe}
         by_region: dict[str, float] = {}
         for dst, n in sent.items():
             r = regions.get(dst)
@@ -466,8 +496,8 @@ class PeerAgent:
             self.swarm.publish_progress(
                 ProgressRecord(
                     peer_id=self.peer_id,
-                    job_id=self._plan.job_id,
-                    plan_version=self._plan.version,
+                    job_id=plan.job_id,
+                    plan_version=plan.version,
                     step=step,
                     loss=loss,
                     tokens=tokens,
@@ -476,7 +506,7 @@ class PeerAgent:
                     bytes_received=int(received),
                     updated_at=time.time(),
                     stats=stats,
-                    status=self._status,
+                    status=status,
                 )
             )
         except GeotrainError as e:

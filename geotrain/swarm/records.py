@@ -164,6 +164,7 @@ class PeerStatus(str, Enum):  # noqa: UP042 (StrEnum needs Python 3.11; geotrain
     """Where a peer stands in the job it follows: the ``status`` of its progress record.
 
     - ``idle``: following a job whose plan has not placed it yet (a joiner, or a peer between jobs);
+    - ``joining``: a plan placed it; it is building its stage (fetching state, connecting its neighbours);
     - ``training``: running inner steps of its stage under the current plan;
     - ``stalled``: an inner step failed (a neighbour died or timed out); waiting for a newer plan;
     - ``done``: reached the plan's stop step and wrote its final state;
@@ -171,6 +172,7 @@ class PeerStatus(str, Enum):  # noqa: UP042 (StrEnum needs Python 3.11; geotrain
     """
 
     IDLE = "idle"
+    JOINING = "joining"
     TRAINING = "training"
     STALLED = "stalled"
     DONE = "done"

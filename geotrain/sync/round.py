@@ -218,6 +218,10 @@ class GroupRouter:
 class RoundRunner:
     """Runs rounds for one member (thread-safe: one thread per fragment may call :meth:`run`).
 
+    Thread ownership: ``_lock`` guards ``stats``, ``_final`` (read by ``sync.ask`` on the transport's
+    handler pool) and the ``_residual`` dict (fragments' round threads insert into it); each residual
+    tensor is only read and written by the round thread of its own fragment.
+
     ``router``: the transport's :class:`GroupRouter` (shared by every group on it); without one the runner
     makes its own, which then means no other group may take rounds on this transport. :meth:`close`
     unregisters the group.
@@ -284,7 +288,8 @@ class RoundRunner:
                 self.transport.connect(m.peer_id, m.address, region=m.region)
         n = self.numels[round_id.fragment]
         deadline = self.config.deadline_s(8 * n)
-        saved = {k: v.clone() for k, v in self._residual.items() if k[1] == round_id.fragment}
+        with self._lock:  # other fragments' round threads insert their residuals meanwhile
+            saved = {k: v.clone() for k, v in self._residual.items() if k[1] == round_id.fragment}
         job = _Round(self, round_id, roles, pseudo_grad.reshape(-1).float(), n, t0, deadline)
         try:
             outcome = job.run()
@@ -292,12 +297,12 @@ class RoundRunner:
             outcome = RoundOutcome(round_id, RoundStatus.ABORTED, reason=f"transport failed: {e}")
         outcome.seconds = self.clock() - t0
         counted = outcome.committed and self.me in outcome.contributors
-        if not counted:
-            # what we encoded was not applied (as sent): the residuals must not pretend it was
-            for k, v in saved.items():
-                if not outcome.committed or k[0] != "owner":
-                    self._residual[k] = v
         with self._lock:
+            if not counted:
+                # what we encoded was not applied (as sent): the residuals must not pretend it was
+                for k, v in saved.items():
+                    if not outcome.committed or k[0] != "owner":
+                        self._residual[k] = v
             self.stats.round_s += outcome.seconds
             if outcome.committed:
                 self.stats.rounds_committed += 1
@@ -317,9 +322,10 @@ class RoundRunner:
         if not self.config.error_feedback:
             return None
         key = (role, fragment)
-        if key not in self._residual:
-            self._residual[key] = torch.zeros(self.numels[fragment])
-        return self._residual[key]
+        with self._lock:  # one fragment's tensors are only touched by that fragment's round thread
+            if key not in self._residual:
+                self._residual[key] = torch.zeros(self.numels[fragment])
+            return self._residual[key]
 
     def send(self, peer: str, msg: Message, deadline: float) -> None:
         msg.job, msg.plan_version = self._context
