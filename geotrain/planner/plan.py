@@ -277,7 +277,7 @@ def plan(
     assert isinstance(result_pred, Prediction)
     used = {q for row in best.grid for q in row}
     spares = [q for q in ids if q not in used]
-    S_best = len(best.grid[0])
+    S_best = max(len(row) for row in best.grid)  # the longest pipelines: the smallest stages a spare could hold
     memory = tuple(tuple(cm.stage_memory(st.layers[0], st.layers[1], si, len(pipe)) for si, st in enumerate(pipe))
                    for pipe in best.pipelines)
     return PlanResult(
@@ -309,8 +309,8 @@ def _spare_reason(cm: CostModel, q: str, S: int, P: int, obj: Objective) -> str:
         L = cm.n_layers
         share = max(1, L // S)
         need = cm.stage_memory(L - share, L, S - 1, S)
-        return (f"cannot hold a stage of this {S}-stage plan: an even stage ({share} layers) needs "
-                f"{need / 1e9:.1f} GB, the peer has {peer.memory_gb:g} GB")
+        return (f"cannot hold a stage of a {S}-stage pipeline (the plan's longest): an even stage ({share} layers) "
+                f"needs {need / 1e9:.1f} GB, the peer has {peer.memory_gb:g} GB")
     if obj.kind in ("cost", "min_tokens_per_s") and peer.usd_per_hour > 0:
         return (f"left out for price: no plan found with it ({peer.usd_per_hour:g} USD/hour) "
                 "made tokens cheaper")
