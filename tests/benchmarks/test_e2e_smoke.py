@@ -90,3 +90,25 @@ def test_time_to_target_interpolates() -> None:
     assert time_to_target(curve, 3.0) == pytest.approx(10.0)
     assert time_to_target(curve, 1.0) is None
     assert time_to_target(curve, None) is None
+
+
+@pytest.mark.timeout(180)
+def test_e2e_smoke_regime(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--regime``: the mapping is the first line, its links are what the formula gives for the measured step."""
+    from geotrain.emulate.regime import BUILTIN, map_regime
+
+    code = e2e.main(["--smoke", "--regime", "1b-h100-1gbit", "--contenders", "ddp"])
+    lines = _lines(capsys.readouterr().out)
+    assert code == 0, lines
+    mapping, config = lines[0], lines[1]
+    assert mapping["event"] == "regime" and config["event"] == "config" and config["regime"] == "1b-h100-1gbit"
+    assert mapping["regime"] == BUILTIN["1b-h100-1gbit"].to_dict()
+    assert mapping["dp_comm_fraction"] > 0.9  # the users' regime: a DP step mostly communicates
+    again = map_regime(BUILTIN["1b-h100-1gbit"], peers=config["peers"], bench_params=mapping["bench_params"],
+                       bench_dp_bytes_per_param=4, step_s=mapping["measured_step_s"]).describe()
+    # the JSON lines carry 4 decimals: a step of ~0.05 s is known to 0.1%
+    assert mapping["wan_mbit"] == pytest.approx(again["wan_mbit"], rel=5e-3)
+    assert mapping["wan_rtt_ms"] == pytest.approx(again["wan_rtt_ms"], rel=5e-3)
+    assert len(mapping["calibration"]["per_worker_step_s"]) == config["peers"]
+    ddp = next(ln for ln in lines if ln.get("event") == "contender")
+    assert "error" not in ddp and ddp["val_loss_final"] < config["init_val_loss"]
