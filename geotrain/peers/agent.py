@@ -276,8 +276,8 @@ class PeerAgent:
         )
         if self.transport.dial_out and rec.endpoint and self._coordinator is not None:
             # behind NAT: open the connection the coordinator answers over (news, state requests)
-            key = rec.curve_public_key.encode() if rec.curve_public_key else None
-            self.transport.connect(owner, rec.endpoint, curve_server_key=key)
+            server_key = rec.curve_public_key.encode() if rec.curve_public_key else None
+            self.transport.connect(owner, rec.endpoint, curve_server_key=server_key)
         prec = self.swarm.latest_plan(job_id=rec.job_id, publisher=owner)
         if prec is None:
             return None
