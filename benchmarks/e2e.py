@@ -28,9 +28,20 @@ contender's training starts and ends (``bytes_method``); what each contender
 counts itself is reported beside them (``self_counted``). Setup traffic before
 training (DHT bootstrap, geotrain's link probes) is reported apart.
 
+Regime (``--regime NAME|FILE``): a calibration run measures this machine's
+step of the benchmark's model under its load, and every emulated link gets
+the bandwidth and delay that give the regime's DP communication-to-compute
+and RTT-to-step ratios (``geotrain.emulate.regime``); the mapping is the first
+JSON line (``event: regime``).
+
+Past the budget: contenders other than DP keep training until a checkpoint
+reaches the target loss (geotrain: also flat DiLoCo's best) or ``--cap`` x the
+budget; the fixed-budget figures are read at the budget, the whole run is
+``extended``.
+
 Per contender one JSON line (``event: contender``): wall time to the target
 validation loss (the loss contender 1 reaches at the budget, from checkpoints
-of the global model evaluated after the run), final validation loss,
+of the global model), validation loss at the budget,
 cross-region and total bytes, compute utilisation (fraction of training wall
 time in forward/backward), USD (peers' prices x wall time + egress x
 cross-region bytes); then ``event: summary`` with geotrain's ratios.
@@ -482,10 +493,30 @@ def _geotrain(run_geotrain: Any, evaluate_checkpoints: Any, job: dict[str, Any],
         "curve": [[r["t_s"], r["tokens"], r["loss"]] for r in curve],
         "extended": _extended(run.wall_s, curve, run.kernel_bytes, run.stopped),
         "utilisation_note": "geotrain's report: compute time over time in the plan, the whole run",
+        "time_breakdown": time_breakdown(rep.get("peer_stats") or {}),
         "extra": {"pipelines": len(plan.get("pipelines") or []),
                   "stages": [len(p) for p in plan.get("pipelines") or []],
                   "plan_versions": s.get("plan_versions"), "report_wall_s": s.get("wall_s")},
     }, curve
+
+
+def time_breakdown(peer_stats: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """Where a geotrain peer's training time went, the mean over peers (seconds, whole run).
+
+    ``compute_s``: forward/backward; ``sync_wait_s``: waiting for rounds; ``checkpoint_s``:
+    writing checkpoints; ``other_s``: the rest of the peer's training wall time
+    (pipeline bubbles, per-message CPU, control plane, waiting for a core).
+    """
+    if not peer_stats:
+        return None
+    keys = ("wall_s", "compute_s", "sync_wait_s", "checkpoint_s", "round_s", "cpu_s", "in_plan_s")
+    mean = {}
+    for k in keys:
+        vals = [float(v[k]) for v in peer_stats.values() if isinstance(v.get(k), (int, float))]
+        mean[k] = sum(vals) / len(vals) if vals else None
+    parts = [mean[k] for k in ("wall_s", "compute_s", "sync_wait_s", "checkpoint_s")]
+    other = None if any(x is None for x in parts) else parts[0] - parts[1] - parts[2] - parts[3]
+    return {**mean, "other_s": other}
 
 
 def _money(line: dict[str, Any], regions: list[str], prices: dict[str, float], egress: dict[str, float],

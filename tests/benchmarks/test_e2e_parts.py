@@ -55,3 +55,13 @@ def test_a_contender_without_progress_is_reported_failed() -> None:
     two = seed_only + [{"t_s": 1.0, "tokens": 10, "loss": 4.0}]
     assert e2e._failed({"extra": {"rounds_committed": 0, "rounds_discarded": 3}}, two) == "no round committed (3 discarded)"
     assert e2e._failed({"extra": {"rounds_committed": 2}}, two) is None
+
+
+def test_time_breakdown_means_over_peers() -> None:
+    stats = {"a": {"wall_s": 10.0, "compute_s": 4.0, "sync_wait_s": 3.0, "checkpoint_s": 1.0, "round_s": 5.0},
+             "b": {"wall_s": 12.0, "compute_s": 6.0, "sync_wait_s": 1.0, "checkpoint_s": 1.0, "round_s": 3.0}}
+    out = e2e.time_breakdown(stats)
+    assert out is not None
+    assert out["wall_s"] == 11.0 and out["compute_s"] == 5.0 and out["sync_wait_s"] == 2.0
+    assert out["other_s"] == pytest.approx(3.0) and out["cpu_s"] is None
+    assert e2e.time_breakdown({}) is None
