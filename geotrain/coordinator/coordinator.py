@@ -33,6 +33,7 @@ from geotrain.errors import GeotrainError, InfeasiblePlanError, SwarmError
 from geotrain.plan import JobPlan
 from geotrain.swarm import Swarm
 from geotrain.swarm.news import PLAN_NEWS, PROGRESS_NEWS, Contact, NewsWaiter, send_news, serve_news
+from geotrain.swarm.probe_targets import probe_targets
 from geotrain.swarm.records import JobRecord, PeerRecord, PeerStatus, PlanRecord, ProgressRecord
 from geotrain.transport import Transport
 
@@ -152,8 +153,9 @@ class Coordinator:
                     self._event("join", peer_id=pid, region=rec.region, device=rec.device, tflops=rec.flops / 1e12)
             if len(peers) >= need:
                 links = self.swarm.get_links()
-                complete = all(
-                    pid in links and set(peers) - {pid} <= set(links[pid].links) for pid in peers
+                regions = {pid: rec.region for pid, rec in peers.items()}
+                complete = all(  # every peer measured its probe targets (not every pair: probe_targets)
+                    pid in links and set(probe_targets(pid, regions)) <= set(links[pid].links) for pid in peers
                 )
                 links_since = links_since or time.monotonic()
                 if complete or time.monotonic() - links_since > self.config.links_wait_s:
@@ -312,10 +314,11 @@ class Coordinator:
             stuck = [p for p, t in stalled_since.items() if time.monotonic() - t > self.config.stall_replan_s]
             # joiners: folded in once their links to the others are measured (else they cannot be placed)
             rows = self.swarm.get_links() if any(p not in plan_peers for p in peers) else {}
+            regions = {pid: rec.region for pid, rec in peers.items()}
             joiners = [
                 p for p in peers
                 if p not in plan_peers and p not in self.plan.spares
-                and p in rows and set(peers) - {p} <= set(rows[p].links)
+                and p in rows and set(probe_targets(p, regions)) <= set(rows[p].links)
             ]
             for p in joiners:
                 if p not in self._run.seen_peers:

@@ -4,8 +4,9 @@ Lifecycle (``geotrain peer``):
 
 1. measure compute (a short matmul benchmark), start the data plane, join the DHT;
 2. publish the peer record and keep it alive (heartbeat = record expiry);
-3. probe links to the other peers (RTT + bulk bandwidth) and publish the row,
-   re-probing new peers at once and everyone every ``probe_every_s``;
+3. probe links (RTT + bulk bandwidth) to a few peers of its region, representatives of each other
+   region and the peers its plan makes it exchange with (:mod:`geotrain.swarm.probe_targets`), and
+   publish the row, probing new targets at once and re-probing each every ``probe_every_s``;
 4. follow the newest job and its newest plan (from the job's publisher only);
    when the plan names this peer, build a :class:`~geotrain.peers.worker.StageWorker`
    and run inner steps; when a newer plan arrives, rebuild from the global
@@ -41,6 +42,7 @@ from geotrain.peers.probe import ProbeConfig, measure_link, serve_probes
 from geotrain.plan import JobPlan
 from geotrain.swarm import Swarm
 from geotrain.swarm.news import PLAN_NEWS, PROGRESS_NEWS, Contact, NewsWaiter, send_news, serve_news
+from geotrain.swarm.probe_targets import probe_targets
 from geotrain.swarm.records import LinkMeasurement, LinkRow, PeerRecord, PeerStatus, ProgressRecord
 from geotrain.transport import Transport
 
@@ -217,13 +219,27 @@ class PeerAgent:
         self._allowed_seen = {k: t for k, t in self._allowed_seen.items() if now - t <= ttl}
         self.transport.allow_clients(set(self._allowed_seen))
 
+    def _pipeline_neighbours(self, plan: JobPlan) -> set[str]:
+        at = plan.slot_of(self.peer_id)
+        if at is None:
+            return set()
+        pipe = plan.pipelines[at[0]]
+        return {pipe[s].peer for s in (at[1] - 1, at[1] + 1) if 0 <= s < len(pipe)}
+
     def _probe_once(self) -> None:
         peers = self.swarm.get_peers()
         self._refresh_allow_list(peers)
         now = time.time()
         changed = False
+        # a few peers of this region and representatives of each other one, not everyone (probe_targets),
+        # plus the peers the current plan makes this peer exchange with (their pair carries real traffic)
+        wanted = set(probe_targets(self.peer_id, {pid: r.region for pid, r in peers.items()}))
+        with self._lock:
+            plan = self._plan
+        if plan is not None:
+            wanted |= {m for g in plan.groups_of(self.peer_id) for m in g.members} | self._pipeline_neighbours(plan)
         for pid, rec in sorted(peers.items()):
-            if pid == self.peer_id or self._stop.is_set():
+            if pid == self.peer_id or pid not in wanted or self._stop.is_set():
                 continue
             if now - self._probed_at.get(pid, 0.0) < self.config.probe_every_s:
                 continue

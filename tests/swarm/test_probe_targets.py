@@ -1,0 +1,66 @@
+"""Link probes scale: a peer measures a few peers of its region and representatives of the others, not everyone."""
+
+from __future__ import annotations
+
+import collections
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from geotrain.swarm.probe_targets import LOCAL_TARGETS, PER_REGION_TARGETS, probe_targets
+
+
+def _swarm(n: int, regions: int) -> dict[str, str]:
+    return {f"peer-{i:02d}": f"r{i % regions}" for i in range(n)}
+
+
+def test_targets_are_a_few_local_peers_and_representatives_of_every_region() -> None:
+    view = _swarm(16, 4)
+    indegree: collections.Counter[str] = collections.Counter()
+    for me, region in view.items():
+        targets = probe_targets(me, view)
+        assert me not in targets and len(targets) == len(set(targets))
+        assert len(targets) <= LOCAL_TARGETS + PER_REGION_TARGETS * 3 < 15
+        by_region = collections.Counter(view[t] for t in targets)
+        assert set(by_region) == {"r0", "r1", "r2", "r3"}  # every region pair gets a measured figure
+        assert by_region[region] == min(LOCAL_TARGETS, 3)
+        assert all(c == PER_REGION_TARGETS for r, c in by_region.items() if r != region)
+        assert targets == probe_targets(me, dict(reversed(list(view.items()))))  # same view, same answer
+        indegree.update(targets)
+    assert max(indegree.values()) < 15  # representatives differ between probers: nobody is probed by all
+
+
+def test_the_probe_count_does_not_grow_with_the_swarm() -> None:
+    counts = {n: max(len(probe_targets(me, _swarm(n, 4))) for me in _swarm(n, 4)) for n in (8, 32, 256)}
+    assert counts[32] == counts[256] == LOCAL_TARGETS + PER_REGION_TARGETS * 3
+    assert probe_targets("stranger", _swarm(8, 2)) == []
+
+
+def test_a_joining_peer_of_a_swarm_of_16_probes_its_targets_not_15(monkeypatch: pytest.MonkeyPatch) -> None:
+    import geotrain.peers.agent as agent_mod
+    from geotrain.peers.agent import AgentConfig, PeerAgent
+    from geotrain.peers.probe import LinkMeasurement
+
+    view = _swarm(16, 4)
+    me = "peer-00"
+    records = {pid: SimpleNamespace(region=r, endpoint=f"tcp://127.0.0.1:{5000 + i}", curve_public_key=None)
+               for i, (pid, r) in enumerate(view.items())}
+    published: list[Any] = []
+    swarm = SimpleNamespace(peer_id=me, admission=None, config=SimpleNamespace(record_ttl_s=30.0),
+                            get_peers=lambda: records, get_jobs=lambda: {}, publish_links=published.append)
+    connected: list[str] = []
+    transport = SimpleNamespace(config=SimpleNamespace(curve=None),
+                                connect=lambda pid, endpoint, **kw: connected.append(pid))
+    probed: list[str] = []
+
+    def fake_measure(transport: Any, pid: str, config: Any) -> LinkMeasurement:
+        probed.append(pid)
+        return LinkMeasurement(src=me, dst=pid, bandwidth_bps=1e7, rtt_s=0.01, measured_at=1.0, probe_bytes=1)
+
+    monkeypatch.setattr(agent_mod, "measure_link", fake_measure)
+    agent = PeerAgent(AgentConfig(region="r0"), swarm=swarm, transport=transport)  # type: ignore[arg-type]
+    agent._probe_once()
+    assert sorted(probed) == probe_targets(me, view)
+    assert len(probed) == LOCAL_TARGETS + PER_REGION_TARGETS * 3 and len(probed) < 15
+    assert set(published[-1].links) == set(probed)
