@@ -5,7 +5,9 @@ last heartbeat, reachability, endpoint) and the measured link matrix (Mbit/s and
 RTT ms, row = source), then what looks wrong (a peer nobody can dial, one that
 publishes only a loopback address, one with no measured link).
 ``--json`` prints one JSON object instead:
-``{"peers": [...], "links": [{"src", "dst", "bandwidth_bps", "rtt_s", "measured_at"}], "problems": [...]}``
+``{"peers": [...], "links": [{"src", "dst", "bandwidth_bps", "rtt_s", "measured_at"}], "estimated": [{"src",
+"dst", "bandwidth_bps", "rtt_s"}], "problems": [...]}``: ``estimated`` are the pairs nobody measured, priced
+as the planner prices them (peers probe only some pairs).
 where ``bandwidth_bps`` is in bytes per second and each peer has ``reachability``:
 ``reachable``, ``dial-out`` (behind NAT: it dials the others), ``unreachable`` or ``unknown``.
 """
@@ -48,7 +50,32 @@ def collect(swarm: Any) -> dict[str, Any]:
         for dst, m in sorted(row.links.items()):
             if dst in live:
                 links.append({"src": src, "dst": dst, **m.to_wire()})
-    return {"peers": peers, "links": links, "problems": problems(peers, links)}
+    return {"peers": peers, "links": links, "estimated": estimated_links(peers, links),
+            "problems": problems(peers, links)}
+
+
+def estimated_links(peers: list[dict[str, Any]], links: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Pairs nobody measured (peers probe only some: geotrain.swarm.probe_targets), as the planner prices
+    them: the median bandwidth and RTT of the measured pairs between the same two regions."""
+    import statistics
+
+    region = {p["peer_id"]: p["region"] for p in peers}
+    measured = {(lk["src"], lk["dst"]) for lk in links}
+    by_pair: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for lk in links:
+        if lk["src"] in region and lk["dst"] in region:
+            by_pair.setdefault(tuple(sorted((region[lk["src"]], region[lk["dst"]]))), []).append(lk)  # type: ignore[arg-type]
+    out = []
+    for a in region:
+        for b in region:
+            if a == b or (a, b) in measured or (b, a) in measured:
+                continue
+            same = by_pair.get(tuple(sorted((region[a], region[b]))), [])  # type: ignore[arg-type]
+            if same:
+                out.append({"src": a, "dst": b,
+                            "bandwidth_bps": statistics.median(x["bandwidth_bps"] for x in same),
+                            "rtt_s": statistics.median(x["rtt_s"] for x in same)})
+    return out
 
 
 def reachability_word(rec: Any) -> str:
@@ -131,7 +158,9 @@ def _render(snapshot: dict[str, Any]) -> None:
         return
     ids = [p["peer_id"] for p in peers]
     cells = {(lk["src"], lk["dst"]): lk for lk in snapshot["links"]}
-    matrix = Table(title="links: Mbit/s / RTT ms (row = from, column = to)")
+    guessed = {(lk["src"], lk["dst"]): lk for lk in snapshot.get("estimated", [])}
+    matrix = Table(title="links: Mbit/s / RTT ms (row = from, column = to; ~ = estimated from its regions' "
+                         "measured pairs)")
     matrix.add_column("from \\ to")
     for dst in ids:
         matrix.add_column(_short(dst), justify="right")
@@ -139,8 +168,12 @@ def _render(snapshot: dict[str, Any]) -> None:
         row = []
         for dst in ids:
             lk = cells.get((src, dst))
-            row.append(
-                "-" if lk is None else f"{lk['bandwidth_bps'] * 8 / 1e6:.1f} / {lk['rtt_s'] * 1e3:.2f}"
-            )
+            est = guessed.get((src, dst))
+            if lk is not None:
+                row.append(f"{lk['bandwidth_bps'] * 8 / 1e6:.1f} / {lk['rtt_s'] * 1e3:.2f}")
+            elif est is not None:
+                row.append(f"~{est['bandwidth_bps'] * 8 / 1e6:.1f} / {est['rtt_s'] * 1e3:.2f}")
+            else:
+                row.append("-")
         matrix.add_row(_short(src), *row)
     console.print(matrix)

@@ -64,3 +64,16 @@ def test_a_joining_peer_of_a_swarm_of_16_probes_its_targets_not_15(monkeypatch: 
     assert sorted(probed) == probe_targets(me, view)
     assert len(probed) == LOCAL_TARGETS + PER_REGION_TARGETS * 3 and len(probed) < 15
     assert set(published[-1].links) == set(probed)
+
+
+def test_status_shows_unmeasured_pairs_as_estimated_from_their_regions() -> None:
+    from geotrain.cli.status import estimated_links
+
+    peers = [{"peer_id": p, "region": r} for p, r in (("a1", "a"), ("a2", "a"), ("b1", "b"), ("b2", "b"))]
+    links = [{"src": "a1", "dst": "b1", "bandwidth_bps": 1e6, "rtt_s": 0.1},
+             {"src": "a2", "dst": "b2", "bandwidth_bps": 3e6, "rtt_s": 0.3},
+             {"src": "a1", "dst": "a2", "bandwidth_bps": 1e8, "rtt_s": 0.001}]
+    est = {(e["src"], e["dst"]): e for e in estimated_links(peers, links)}
+    assert ("a1", "b2") in est and est[("a1", "b2")]["bandwidth_bps"] == 2e6 and est[("a1", "b2")]["rtt_s"] == 0.2
+    assert ("a1", "b1") not in est and ("b1", "a1") not in est  # measured in one direction: not estimated
+    assert ("b1", "b2") not in est  # region b's own link: nobody measured a pair inside b, so no figure
