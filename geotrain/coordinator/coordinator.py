@@ -229,9 +229,15 @@ class Coordinator:
             }
         )
         layout = [" -> ".join(f"{s.region}[{s.start}:{s.end})" for s in pipe) for pipe in plan.pipelines]
+        # pairs nobody probed (geotrain.swarm.probe_targets) were priced by their regions' measured pairs
+        measured = {frozenset((src, dst)) for src, row in links.items() for dst in row.links if src in peers}
+        pairs = len(peers) * (len(peers) - 1) // 2
+        link_counts = {"measured": sum(1 for p in measured if len(p) == 2 and p <= set(peers))}
+        link_counts["estimated"] = pairs - link_counts["measured"]
+        self._run.plans[-1]["links"] = link_counts
         self._event("replan" if version > 1 else "plan", version=version, reason=reason,
                     pipelines=len(plan.pipelines), stages=[len(p) for p in plan.pipelines],
-                    layout=layout, spares=len(plan.spares),
+                    layout=layout, spares=len(plan.spares), links=link_counts,
                     predicted_tokens_per_s=plan.predicted.get("tokens_per_s"))
         return plan
 

@@ -50,7 +50,10 @@ class LiveView:
                 f"[cyan]{kind}[/] v{event['version']} ({event.get('reason')}): {event.get('pipelines')} pipelines x "
                 f"{event.get('stages')} stages, {event.get('spares', 0)} spares"
             )
-            self._log(f"      predicted {event.get('predicted_tokens_per_s') or 0:,.0f} tokens/s")
+            links = event.get("links") or {}
+            estimated = f", {links['estimated']} of {links['estimated'] + links['measured']} peer pairs' links " \
+                        "estimated from their regions" if links.get("estimated") else ""
+            self._log(f"      predicted {event.get('predicted_tokens_per_s') or 0:,.0f} tokens/s{estimated}")
             for i, line in enumerate(event.get("layout", [])):
                 self._log(f"      pipeline {i}: {line}")
         elif kind == "validation" and (event["step"], event["round"]) != self._last_validation:
