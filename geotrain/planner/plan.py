@@ -58,7 +58,9 @@ class PlanResult:
     stage_memory: tuple[tuple[float, ...], ...] = ()  # bytes each stage needs, per pipeline
     sync_every: int = 1
     peer_memory_gb: dict[str, float] = field(default_factory=dict)
-    search_predicted: Prediction | None = None  # the search's own answer, before any baseline could win
+    # the search's own answer (with per-pipeline splits or, when better, one split for all), before
+    # any of the other baselines could win
+    search_predicted: Prediction | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The ``geotrain plan --json`` object: issue 4's shape, plus what the table shows (docs/planner.md).
@@ -260,6 +262,8 @@ def plan(
         base["uniform_split"] = None if c is None else c.prediction
         if c is None:
             base_why["uniform_split"] = f"no feasible plan with one split for all pipelines: {uni.last_reason}"
+        elif c.score < best.score:
+            search_pred = c.prediction  # the same search, one split: still the search's own answer
         # the plan is the best candidate anything evaluated, baselines included
         inc = score.incumbent
         if inc is not None and inc.score < best.score:

@@ -575,7 +575,7 @@ def heuristic(score: Scorer, peer_ids: Sequence[str], *, seed: int = 0, time_bud
     deadline = time.monotonic() + time_budget_s
     n = len(peer_ids)
     small = n <= 16
-    keep = keep if keep is not None else (1000 if n <= 10 else 8 if small else 3)
+    keep = keep if keep is not None else (1000 if n <= 10 else 8 if small else 2)
     orders = _orders(cm, score.objective, peer_ids)
     # large swarms scan every shape from each ranking (speed, value, memory), not one order only: with
     # one order a shape whose first S x P peers include one that cannot hold a stage was lost
