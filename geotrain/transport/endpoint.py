@@ -723,7 +723,7 @@ class Transport:
                     continue  # we are both behind NAT: only the relay the plan named reaches it; keep that
                 if (remote is not None and remote.address == address
                         and (remote.socket is not None or address == DIAL_BACK or address.startswith(_VIA))
-                        and remote.server_key == server_key and not remote.refused):
+                        and remote.server_key == server_key and not remote.refused and not remote.held):
                     remote.region = region or remote.region
                     continue
                 if remote is not None:
@@ -836,15 +836,23 @@ class Transport:
     def _relay(self, sender: str, header: Header, inner: list[zmq.Frame]) -> None:
         """Forward ``inner`` (a whole message from ``sender``) to the peer ``header.meta['to']``."""
         to = header.meta.get("to")
-        remote = self._remotes.get(to) if isinstance(to, str) else None
-        if remote is None or to == sender or remote.address.startswith(_VIA) or not inner:
-            self._count_drop("RelayRefused", sender, f"no connection to relay to ({to!r})")
+        if not isinstance(to, str) or not to or to == sender or not inner:
+            self._count_drop("RelayRefused", sender, f"nothing to relay to {to!r}")
+            return
+        remote = self._remotes.get(to)
+        if remote is None:
+            # the plan names us its relay before we have connect()ed it: hold its traffic until we do
+            remote = self._remotes[to] = _Remote(address=DIAL_BACK, region="", held=True)
+        if remote.address.startswith(_VIA):
+            self._count_drop("RelayRefused", sender, f"{to!r} is itself reached through a relay")
             return
         wrapped = [*msgcodec.encode(Message(RELAYED, meta={"from": sender}), sender=self.peer_id), *inner]
         now = time.monotonic()
         nbytes = sum(f.buffer.nbytes for f in inner)
+        # emulation: the relay's own link to the destination delays the second leg
+        delay = self._emulator.before_send(remote.region, nbytes) if self._emulator is not None else 0.0
         done: concurrent.futures.Future[int] = concurrent.futures.Future()
-        remote.pending.append(_Outgoing(wrapped, nbytes, done, now, now + self.config.send_timeout_s))
+        remote.pending.append(_Outgoing(wrapped, nbytes, done, now + delay, now + delay + self.config.send_timeout_s))
         with self._stats_lock:
             self._stats.relayed_bytes += nbytes
         self._new_routes.add(to)
@@ -863,9 +871,9 @@ class Transport:
                 _fail(out.future, PeerTimeoutError(f"send to {peer} timed out: no hello from it (a dial-out "
                                                    "peer must connect to us first)", peer=peer))
                 continue
-            route = self._route_of(peer, remote)
+            route = None if remote.held else self._route_of(peer, remote)
             if route is None:
-                return  # flushed again when its hello comes in (or at the next keepalive tick)
+                return  # flushed again when its hello comes in / it is connect()ed (or at the next keepalive)
             if out.ready_at > now:
                 heapq.heappush(timers, (out.ready_at, next(seq), peer))
                 return

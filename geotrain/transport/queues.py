@@ -59,6 +59,7 @@ class _Remote:
     redial_s: float = 0.25  # backoff before dialing again after a refused handshake
     refused: bool = False  # the last handshake was refused (and not yet redialled successfully)
     pending: collections.deque[_Outgoing] = field(default_factory=collections.deque)
+    held: bool = False  # relay traffic for a peer not connect()ed yet: kept until it is, then sent
 
 
 HANDSHAKE_FAILED = (

@@ -191,3 +191,17 @@ def test_a_relay_cannot_pass_off_one_peers_message_as_anothers(started: list[Tra
         assert b.stats.dropped["AuthenticationError"] == 1
     finally:
         rogue.close(linger=0)
+
+
+def test_a_relay_holds_traffic_for_a_peer_it_has_not_connected_yet(started: list[Transport]) -> None:
+    relay = _start(started, TransportConfig(), "relay")
+    a = _start(started, TransportConfig(dial_out=True), "a")
+    b = _start(started, TransportConfig(dial_out=True), "b")
+    for nat in (a, b):
+        nat.connect("relay", relay.address)
+    a.connect("b", f"{DIAL_BACK}relay")
+    a.send("b", Message("act", tag=(7,)), timeout=10)  # the relay knows nothing of b yet
+    with pytest.raises(PeerTimeoutError):
+        b.recv("act", (7,), timeout=0.3)
+    relay.connect("b", DIAL_BACK)  # now it does: the held message goes out
+    assert b.recv("act", (7,), timeout=10).sender == "a"
