@@ -64,13 +64,13 @@ def estimated_links(peers: list[dict[str, Any]], links: list[dict[str, Any]]) ->
     by_pair: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for lk in links:
         if lk["src"] in region and lk["dst"] in region:
-            by_pair.setdefault(tuple(sorted((region[lk["src"]], region[lk["dst"]]))), []).append(lk)  # type: ignore[arg-type]
+            by_pair.setdefault(tuple(sorted((region[lk["src"]], region[lk["dst"]]))), []).append(lk)
     out = []
     for a in region:
         for b in region:
             if a == b or (a, b) in measured or (b, a) in measured:
                 continue
-            same = by_pair.get(tuple(sorted((region[a], region[b]))), [])  # type: ignore[arg-type]
+            same = by_pair.get(tuple(sorted((region[a], region[b]))), [])
             if same:
                 out.append({"src": a, "dst": b,
                             "bandwidth_bps": statistics.median(x["bandwidth_bps"] for x in same),

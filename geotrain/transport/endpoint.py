@@ -978,9 +978,10 @@ class Transport:
         origin: str | None = None
         if route is not None and header.kind in self._origin_handlers:
             try:
-                origin = frames[0].get("Peer-Address")
+                address = frames[0].get("Peer-Address")
             except zmq.ZMQError:
-                origin = None
+                address = None
+            origin = address if isinstance(address, str) else None
         item = _Inbound(header, tensors, nbytes, route, via, origin, relayed_from)
         if header.rpc is not None and not header.rpc.get("reply"):
             handler = self._handlers.get(header.kind)
