@@ -105,8 +105,8 @@ def problems(peers: list[dict[str, Any]], links: list[dict[str, Any]]) -> list[s
             out.append(f"{who} has no measured link after 2 minutes: its data-plane port is not reachable from "
                        "the others (or it cannot reach them); see its reachability line")
     if len(nat) > 1:
-        out.append(f"{len(nat)} peers are behind NAT (dial-out); two such peers cannot reach each other, so a "
-                   "plan takes only one of them")
+        out.append(f"{len(nat)} peers are behind NAT (dial-out): they exchange through a reachable relay peer "
+                   "(an extra hop), and without one a plan takes only one of them")
     return out
 
 
