@@ -310,8 +310,11 @@ def _regime_scenario(args: argparse.Namespace, job: dict[str, Any], scenario: di
     spec = WorkerSpec(contender="calibrate", job=job, world=args.peers, steps=3 if args.smoke else 6,
                       out_dir=str(work / "calibrate"), timeout_s=args.timeout)
     cal = run_calibration(spec, work_dir=work / "calibrate", timeout_s=args.timeout)
+    regions_all = list(scenario["regions"])
+    per_region = max(sum(1 for i in range(args.peers) if regions_all[i % len(regions_all)] == r) for r in regions_all)
     mapping = map_regime(regime, peers=args.peers, bench_params=cal.params,
-                         bench_dp_bytes_per_param=BENCH_DP_BYTES_PER_PARAM, step_s=cal.step_s)
+                         bench_dp_bytes_per_param=BENCH_DP_BYTES_PER_PARAM, step_s=cal.step_s,
+                         peers_per_region=per_region)
     args.mapping = mapping
     _say({"event": "regime", **mapping.describe(),
           "calibration": {"steps": cal.steps, "workers": args.peers, "per_worker_step_s": list(cal.per_worker_s),

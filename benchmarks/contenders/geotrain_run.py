@@ -128,7 +128,8 @@ def run_geotrain(
                     at_budget, t_budget = network.counters(), time.monotonic()
                 if t_budget is not None and reached is not None:
                     fresh, _ = read_checkpoints(job, job_id, int(plan.get("pipelines") or 1), t_go_wall, skip=scanned)
-                    if any(reached(c) for c in fresh):
+                    # only the newest: evaluating every one would lag behind training (the curve gets them all later)
+                    if fresh and reached(max(fresh, key=lambda c: c["tokens"])):
                         at_end, t_end, stopped = network.counters(), time.monotonic(), "target"
                         coord.signal(signal.SIGTERM)  # the coordinator stops the job and writes its report
                         continue

@@ -24,6 +24,11 @@ the bandwidth and delay that give the same ratios::
     bandwidth_emulated = 2 (n - 1) / n * bench_params * bench_dp_bytes_per_param / (c * step_s)   (bytes/s)
     rtt_emulated       = r * step_s
 
+``wan_gbit`` is each peer's own link. The emulation shapes one link per
+region pair, shared by the region's peers, and DP's ring (peers placed in
+regions round-robin) runs ``k`` = peers-per-region flows over each region pair
+at once; so a region pair gets ``k x bandwidth_emulated`` (``peers_per_region``).
+
 and the same for the links inside a region with ``lan_gbit``/``lan_rtt_ms``.
 The whole network is slowed by the factor by which this machine's step is
 slower than the regime's (and scaled by the ratio of the models' sizes).
@@ -143,13 +148,14 @@ class RegimeMapping:
 
     regime: Regime
     peers: int
+    peers_per_region: int
     bench_params: int
     bench_dp_bytes_per_param: float
     step_s: float
     comm_to_compute: float
     rtt_to_step: float
     dilation: float  # step_s / regime.compute_s: how much slower this machine's step is
-    wan_bandwidth_bps: float
+    wan_bandwidth_bps: float  # one region pair's link (peers_per_region x each peer's share)
     wan_rtt_s: float
     lan_bandwidth_bps: float
     lan_rtt_s: float
@@ -157,7 +163,7 @@ class RegimeMapping:
     def emulated_comm_to_compute(self) -> float:
         """The ratio the emulated WAN gives the benchmark's DP (equals ``comm_to_compute``)."""
         return ring_factor(self.peers) * self.bench_params * self.bench_dp_bytes_per_param / (
-            self.wan_bandwidth_bps * self.step_s)
+            self.wan_bandwidth_bps / self.peers_per_region * self.step_s)
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready: regime figures, measured step, emulated Mbit/s and ms."""
@@ -170,11 +176,13 @@ class RegimeMapping:
             "dp_comm_fraction": self.comm_to_compute / (1 + self.comm_to_compute),
             "rtt_to_step": self.rtt_to_step,
             "peers": self.peers,
+            "peers_per_region": self.peers_per_region,
             "bench_params": self.bench_params,
             "bench_dp_bytes_per_param": self.bench_dp_bytes_per_param,
             "measured_step_s": self.step_s,
             "dilation": self.dilation,
             "wan_mbit": self.wan_bandwidth_bps * 8 / 1e6,
+            "wan_mbit_per_peer": self.wan_bandwidth_bps / self.peers_per_region * 8 / 1e6,
             "wan_rtt_ms": self.wan_rtt_s * 1e3,
             "lan_mbit": self.lan_bandwidth_bps * 8 / 1e6,
             "lan_rtt_ms": self.lan_rtt_s * 1e3,
@@ -192,13 +200,15 @@ class RegimeMapping:
 
 
 def map_regime(regime: Regime, *, peers: int, bench_params: int, bench_dp_bytes_per_param: float,
-               step_s: float) -> RegimeMapping:
+               step_s: float, peers_per_region: int = 1) -> RegimeMapping:
     """The emulated links that give the benchmark's DP on this machine the regime's two ratios (time dilation).
 
     ``step_s``: this machine's measured compute time of one inner step of the
     benchmark's model under the benchmark's load; ``bench_params`` and
     ``bench_dp_bytes_per_param``: what the benchmark's DP all-reduces per step.
     """
+    if peers_per_region < 1:
+        raise ConfigError(f"peers_per_region must be >= 1; got {peers_per_region}")
     if not (math.isfinite(step_s) and step_s > 0):
         raise ConfigError(f"the measured step must be > 0 s; got {step_s}")
     if bench_params < 1 or not bench_dp_bytes_per_param > 0:
@@ -207,8 +217,8 @@ def map_regime(regime: Regime, *, peers: int, bench_params: int, bench_dp_bytes_
     ring_bytes = ring_factor(peers) * bench_params * bench_dp_bytes_per_param
     c_wan, c_lan = regime.comm_to_compute(peers), regime.comm_to_compute(peers, lan=True)
     return RegimeMapping(
-        regime=regime, peers=peers, bench_params=bench_params, bench_dp_bytes_per_param=bench_dp_bytes_per_param,
+        regime=regime, peers=peers, peers_per_region=peers_per_region, bench_params=bench_params, bench_dp_bytes_per_param=bench_dp_bytes_per_param,
         step_s=step_s, comm_to_compute=c_wan, rtt_to_step=regime.rtt_to_step(), dilation=step_s / regime.compute_s,
-        wan_bandwidth_bps=ring_bytes / (c_wan * step_s), wan_rtt_s=regime.rtt_to_step() * step_s,
+        wan_bandwidth_bps=peers_per_region * ring_bytes / (c_wan * step_s), wan_rtt_s=regime.rtt_to_step() * step_s,
         lan_bandwidth_bps=ring_bytes / (c_lan * step_s), lan_rtt_s=regime.rtt_to_step(lan=True) * step_s,
     )

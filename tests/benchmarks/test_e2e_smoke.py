@@ -105,7 +105,8 @@ def test_e2e_smoke_regime(capsys: pytest.CaptureFixture[str]) -> None:
     assert mapping["regime"] == BUILTIN["1b-h100-1gbit"].to_dict()
     assert mapping["dp_comm_fraction"] > 0.9  # the users' regime: a DP step mostly communicates
     again = map_regime(BUILTIN["1b-h100-1gbit"], peers=config["peers"], bench_params=mapping["bench_params"],
-                       bench_dp_bytes_per_param=4, step_s=mapping["measured_step_s"]).describe()
+                       bench_dp_bytes_per_param=4, step_s=mapping["measured_step_s"],
+                       peers_per_region=mapping["peers_per_region"]).describe()
     # the JSON lines carry 4 decimals: a step of ~0.05 s is known to 0.1%
     assert mapping["wan_mbit"] == pytest.approx(again["wan_mbit"], rel=5e-3)
     assert mapping["wan_rtt_ms"] == pytest.approx(again["wan_rtt_ms"], rel=5e-3)

@@ -38,6 +38,11 @@ def test_mapping_keeps_both_ratios_on_this_machine() -> None:
     d = m.describe()
     assert d["wan_mbit"] == EXACT(24.0) and d["wan_rtt_ms"] == EXACT(5.0)
     assert d["dp_comm_fraction"] == EXACT(20 / 21) and d["measured_step_s"] == 0.1
+    # two peers per region share each region pair's link: it gets twice each peer's share; the LAN is not shared
+    m2 = map_regime(ROUND, peers=4, bench_params=1_000_000, bench_dp_bytes_per_param=4, step_s=0.1, peers_per_region=2)
+    assert m2.wan_bandwidth_bps == EXACT(6e6) and m2.lan_bandwidth_bps == EXACT(3e8) and m2.wan_rtt_s == EXACT(0.005)
+    assert m2.emulated_comm_to_compute() == EXACT(20.0)
+    assert m2.describe()["wan_mbit_per_peer"] == EXACT(24.0)
     scen = m.scenario({"regions": {"a": {}, "b": {}}, "links": [], "peers": [1]})
     assert scen["peers"] == [1]
     assert scen["links"] == [
