@@ -313,7 +313,7 @@ def run_preflight(
 
 
 class ReachabilityMonitor:
-    """Re-runs the preflight every ``recheck_s`` while the verdict is unknown (until :meth:`stop`)."""
+    """Re-runs the preflight while the verdict is unknown (after 2 s, then every ``recheck_s``; until :meth:`stop`)."""
 
     def __init__(self, transport: Transport, swarm: Any, *, region: str, config: ReachabilityConfig | None = None,
                  on_result: Callable[[Reachability], None] | None = None) -> None:
@@ -331,7 +331,11 @@ class ReachabilityMonitor:
         self._stop.set()
 
     def _loop(self) -> None:
-        while self.transport.reachable is None and not self._stop.wait(self.config.recheck_s):
+        # the first re-check comes soon: in a closed swarm no helper admits this peer's CURVE key before its
+        # record is published, so the join-time check finds nobody and the verdict waits for this one
+        wait = min(2.0, self.config.recheck_s)
+        while self.transport.reachable is None and not self._stop.wait(wait):
+            wait = self.config.recheck_s
             try:
                 result = run_preflight(self.transport, self.swarm, region=self.region, config=self.config)
             except Exception as e:  # a DHT hiccup: the next check tries again
