@@ -9,7 +9,7 @@ from benchmarks.planner import main
 
 def test_planner_benchmark_smoke(capsys):
     assert main(["--gpus", "8", "--large", "24", "--hetero", "3", "--ga-budget", "1", "--ga-generations", "5",
-                 "--time-budget", "2", "--generated", "3", "--sim-hours", "0.2"]) == 0
+                 "--time-budget", "2", "--generated", "3", "--sim-hours", "0.2", "--repeat", "1"]) == 0
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     plans = [x for x in lines if "plan" in x]
     assert {x["plan"] for x in plans} == {"ours", "random", "round_robin", "greedy_region", "genetic", "uniform_split"}
