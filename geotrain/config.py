@@ -15,7 +15,7 @@ types and cross-field rules, and each error names the field and the fix::
     [codecs]     activation, activation_grad
     [objective]  kind = "throughput" | "cost", max_usd_per_hour, min_tokens_per_s
     [stop]       steps, tokens, wall_s, usd (first reached wins)
-    [checkpoint] dir, every_rounds
+    [checkpoint] dir, every_rounds, keep, allow_seed_restart
     [swarm]      min_peers, wait_peers_s, hop_timeout_s, round_timeout_s, heartbeat_s
     [report]     dir, eval_every, eval_batches, export
 """
@@ -301,8 +301,20 @@ class StopSection:
 
 @dataclass(frozen=True, kw_only=True)
 class CheckpointSection:
+    """``dir``: a shared directory stage groups also write to (optional); ``every_rounds``: rounds between
+    checkpoints (each peer writes its own blocks into its ``--state-dir``); ``keep``: checkpoint rounds a peer
+    keeps; ``allow_seed_restart``: past step 0, restart blocks no live peer holds from the seed instead of
+    stopping the job."""
+
     dir: str | None = None
     every_rounds: int = 1
+    keep: int = 2
+    allow_seed_restart: bool = False
+
+    def __post_init__(self) -> None:
+        if self.every_rounds < 0 or self.keep < 1:
+            raise ConfigError(f"checkpoint.every_rounds must be >= 0 and checkpoint.keep >= 1; "
+                              f"got {self.every_rounds} and {self.keep}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -26,6 +26,7 @@
     │   ├── RoundAbortedError               this member cannot do its part; round discarded, progress kept
     │   └── BadContributionError            a member sent NaN/Inf/absurd-norm data; names the sender
     ├── StateTransferError                  joiner could not get verified state (size/hash mismatch)
+    │   └── StateLostError                  past step 0, blocks no reachable peer holds (no seed restart)
     ├── CheckpointError                     no complete checkpoint, or a corrupt manifest
     │   └── CheckpointWriteError (OSError)  the disk refused a checkpoint write; training goes on
     └── EmulationError                      network emulation could not be set up (needs root, ...)
@@ -167,6 +168,16 @@ class BadContributionError(SyncError, ValueError):
 
 class StateTransferError(GeotrainError):
     """A joiner could not obtain verified stage state (size or hash mismatch, donor gone)."""
+
+
+class StateLostError(StateTransferError):
+    """Past step 0, ``blocks`` have no reachable holder at ``round``: the job stops instead of restarting them
+    from the seed (unless ``checkpoint.allow_seed_restart``)."""
+
+    def __init__(self, message: str, *, blocks: list[int], round: int) -> None:
+        super().__init__(message)
+        self.blocks = blocks
+        self.round = round
 
 
 class CheckpointError(GeotrainError):

@@ -16,6 +16,7 @@ import json
 import signal
 import sys
 import threading
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -52,6 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="this peer's copy of the job's data: relative data paths are read under DIR")
     p.add_argument("--model-dir", default=None, metavar="DIR",
                    help="this peer's copy of the job's pretrained weights (model.hf_pretrained) under DIR")
+    p.add_argument("--state-dir", default=None, metavar="DIR",
+                   help="where this peer keeps its checkpoints of the blocks it holds "
+                        "(default ~/.cache/geotrain/state/<peer id>)")
     p.add_argument("--swarm-key", default=None, metavar="FILE",
                    help="swarm key (geotrain keygen): admit only members; CURVE-encrypt the data plane")
     p.set_defaults(handler=_run)
@@ -126,7 +130,9 @@ def _run(args: argparse.Namespace) -> int:
         try:
             agent = PeerAgent(
                 AgentConfig(region=args.region, usd_per_hour=args.price, device=args.device, job_id=args.job,
-                            probe_every_s=args.probe_every, data_dir=args.data_dir, model_dir=args.model_dir),
+                            probe_every_s=args.probe_every, data_dir=args.data_dir, model_dir=args.model_dir,
+                            state_dir=args.state_dir or str(Path.home() / ".cache" / "geotrain" / "state" /
+                                                            swarm.peer_id)),
                 swarm=swarm,
                 transport=transport,
                 emit=_emit,

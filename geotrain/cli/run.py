@@ -37,8 +37,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--swarm", default="geotrain", help="swarm name (DHT key prefix)")
     p.add_argument("--egress", type=float, default=0.02, metavar="USD_PER_GB", help="egress price between regions")
     p.add_argument("--swarm-key", default=None, metavar="FILE", help="swarm key of a closed swarm (geotrain keygen)")
-    p.add_argument("--resume", default=None, metavar="DIR",
-                   help="continue from the newest complete checkpoint in DIR (and keep checkpointing there)")
+    p.add_argument("--resume", default=None, nargs="?", const="", metavar="DIR",
+                   help="continue from the newest checkpoint: with DIR, the newest complete one in that shared "
+                        "directory (and keep checkpointing there); alone, the newest manifest in --report-dir "
+                        "(same --job-id), the peers holding the state")
     p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                    help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics (0: any free port)")
     p.add_argument("--json", action="store_true", help="JSON lines instead of the live view")
@@ -79,7 +81,7 @@ def run_coordinator(
     spec = job if job is not None else load_job(job_path)  # type: ignore[arg-type]
     # every check `geotrain check` makes, before anything is published; peers get the resolved job
     spec = prepare_job(spec).job
-    if resume is not None:
+    if resume:  # "" (a bare --resume): from the swarm, by the manifest in the report directory
         spec = dataclasses.replace(spec, checkpoint=dataclasses.replace(spec.checkpoint, dir=str(resume)))
     job_id = job_id or f"{spec.job.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     out = Path(report_dir) if report_dir else Path(spec.report.dir) / job_id

@@ -54,7 +54,7 @@ class CoordinatorConfig:
     links_wait_s: float = 30.0
     egress_usd_per_gb: dict[str, float] = field(default_factory=dict)
     evaluate: bool = True
-    resume: bool = False  # start from the newest complete checkpoint in job.checkpoint.dir
+    resume: bool = False  # start from the newest complete checkpoint: job.checkpoint.dir's, else the manifests'
 
 
 @dataclass
@@ -96,6 +96,9 @@ class Coordinator:
         self._run = _Run(started=time.time())
         # the watch loop reads progress every poll_s, or at once when a peer sends news (done, stalled)
         self._progress_news = NewsWaiter(self._stop, poll_s=config.poll_s)
+        self._manifests: Any = None  # ManifestBook of the peers' checkpoint shards, built on first use
+        self._last_manifest: dict[str, Any] | None = None
+        self._manifest_wire: dict[str, Any] | None = None  # the newest manifest's dict, published with the plan
         if transport is not None:
             serve_news(transport, PROGRESS_NEWS, self._progress_news)
 
@@ -212,7 +215,7 @@ class Coordinator:
             egress_usd_per_gb=self.config.egress_usd_per_gb,
         )
         self.swarm.publish_plan(
-            PlanRecord(job_id=self.config.job_id, version=version, plan=plan.to_dict(), published_at=time.time())
+            PlanRecord(job_id=self.config.job_id, version=version, plan=self._plan_wire(plan), published_at=time.time())
         )
         self.plan = plan
         self._announce(plan)
@@ -242,14 +245,29 @@ class Coordinator:
         return plan
 
     def _resume_step(self) -> int | None:
-        """With ``resume``: the newest complete checkpoint's step (CheckpointError if there is none)."""
+        """With ``resume``: the newest complete checkpoint's step (CheckpointError if there is none): of the
+        shared ``checkpoint.dir`` when the job names one, else of the newest manifest in the report directory
+        (the peers hold the tensors)."""
         if not self.config.resume:
             return None
         from geotrain.errors import CheckpointError
         from geotrain.peers.checkpoint import latest_complete
 
-        root = Path(self.job.checkpoint.dir or "")
         num_blocks = self.job.model.block_model(self.job.job.seed).num_blocks
+        if not self.job.checkpoint.dir:
+            from geotrain.coordinator.manifest import latest_manifest, manifest_dir
+
+            m = latest_manifest(self.config.report_dir, self.config.job_id, num_blocks)
+            if m is None:
+                m = self._dht_manifest(num_blocks)
+            if m is None:
+                raise CheckpointError(f"no checkpoint manifest of job {self.config.job_id} covering all "
+                                      f"{num_blocks} blocks under {manifest_dir(self.config.report_dir)}; "
+                                      "start without --resume, or pass the report directory of the first run")
+            self._event("resume", manifest=str(manifest_dir(self.config.report_dir)), step=m.step, round=m.round,
+                        plan_version=m.plan_version, holders=sorted({p for sh in m.shards for p in sh.holders}))
+            return m.step
+        root = Path(self.job.checkpoint.dir or "")
         step = latest_complete(root, num_blocks)
         if step is None:
             raise CheckpointError(f"no complete checkpoint under {root} (each step-*/ needs entries covering all "
@@ -289,7 +307,7 @@ class Coordinator:
             if time.monotonic() - last_job_publish > self.swarm.config.record_ttl_s / 3:
                 self.publish_job()
                 plan_rec = PlanRecord(job_id=self.config.job_id, version=self.plan.version,
-                                      plan=self.plan.to_dict(), published_at=time.time())
+                                      plan=self._plan_wire(self.plan), published_at=time.time())
                 self.swarm.publish_plan(plan_rec)
                 last_job_publish = time.monotonic()
             try:
@@ -300,6 +318,7 @@ class Coordinator:
                 logger.info("DHT read failed: %s", e)
                 continue
             self._account(peers, progress, dt)
+            self._record_manifests(progress)
             self._maybe_evaluate(progress)
             plan_peers = set(self.plan.peers)
             # deaths
@@ -333,6 +352,14 @@ class Coordinator:
             joiner_since = (joiner_since or time.monotonic()) if joiners else None
             done = self._done(progress)
             if done:
+                break
+            lost = self._lost_blocks(progress)
+            if lost is not None:
+                blocks, rnd = lost
+                self._event("error", kind_of="state_lost", blocks=blocks, round=rnd,
+                            message=f"blocks {blocks} have no reachable holder at round {rnd} (no live peer, no "
+                                    "peer's state directory): the job stops; restart the peers that hold them "
+                                    "and resume, or set checkpoint.allow_seed_restart = true")
                 break
             joined = joiner_since is not None and time.monotonic() - joiner_since > self.config.join_grace_s
             if dead or joined or stuck:
@@ -388,6 +415,55 @@ class Coordinator:
                     "peers": {pid: {"step": p.step, "loss": p.loss, "round": p.round,
                                     "status": p.status.value} for pid, p in r.last_progress.items()}})
 
+    def _plan_wire(self, plan: JobPlan) -> dict[str, Any]:
+        """A plan's DHT form, with the newest checkpoint manifest beside it (what a fresh coordinator reads when
+        it has no report directory, while the record lives)."""
+        d = plan.to_dict()
+        if self._manifest_wire is not None:
+            d["manifest"] = self._manifest_wire
+        return d
+
+    def _dht_manifest(self, num_blocks: int) -> Any:
+        """The newest manifest of this job found beside a live plan record on the DHT (any publisher), or None."""
+        from geotrain.coordinator.manifest import Manifest
+
+        found = []
+        for rec in self.swarm.get_plans().values():
+            raw = rec.plan.get("manifest")
+            if rec.job_id != self.config.job_id or not isinstance(raw, dict):
+                continue
+            try:
+                m = Manifest.from_dict(raw)
+            except GeotrainError:
+                continue
+            if m.job_id == self.config.job_id and m.covers(num_blocks):
+                found.append(m)
+        return max(found, key=lambda m: m.step, default=None)
+
+    def _record_manifests(self, progress: dict[str, ProgressRecord]) -> None:
+        """The peers' reported checkpoint shards: a manifest for each step they now cover whole (or anew)."""
+        from geotrain.coordinator.manifest import ManifestBook, write_manifest
+
+        if self._manifests is None:
+            self._manifests = ManifestBook(self.config.job_id, self.job.model.block_model(self.job.job.seed).num_blocks)
+        for pid, pr in progress.items():
+            self._manifests.add(pid, pr.plan_version, [k[6:] for k in pr.stats if k.startswith("shard:")])
+        for m in self._manifests.changed():
+            try:
+                path = write_manifest(self.config.report_dir, m)
+            except GeotrainError as e:
+                self._event("error", message=str(e))
+                continue
+            self._manifests.written(m)
+            self._last_manifest = {"path": str(path), "step": m.step, "round": m.round}
+            if self._manifest_wire is None or int(self._manifest_wire["step"]) <= m.step:
+                self._manifest_wire = m.to_dict()
+                if self.plan is not None:  # the plan record carries it on the DHT
+                    self.swarm.publish_plan(PlanRecord(job_id=self.config.job_id, version=self.plan.version,
+                                                       plan=self._plan_wire(self.plan), published_at=time.time()))
+            self._event("manifest", path=str(path), step=m.step, round=m.round,
+                        shards=[{"blocks": [sh.start, sh.end], "holders": sh.holders} for sh in m.shards])
+
     def _maybe_evaluate(self, progress: dict[str, ProgressRecord]) -> None:
         """Every ``report.eval_every`` steps: validation loss of the global model, assembled from the groups."""
         every = self.job.report.eval_every
@@ -426,6 +502,19 @@ class Coordinator:
         every = self.job.sync.every
         return max(self.plan.start_step, (min(steps) // every) * every if steps else self.plan.start_step)
 
+    def _lost_blocks(self, progress: dict[str, ProgressRecord]) -> tuple[list[int], int] | None:
+        """Blocks a peer of the current plan found no reachable holder for (and the round), or None."""
+        assert self.plan is not None
+        blocks: set[int] = set()
+        rounds = []
+        for pid in self.plan.peers:
+            pr = progress.get(pid)
+            if pr is None or pr.plan_version != self.plan.version or "lost_round" not in pr.stats:
+                continue
+            rounds.append(int(pr.stats["lost_round"]))
+            blocks |= {int(k[5:]) for k in pr.stats if k.startswith("lost:") and k[5:].isdigit()}
+        return (sorted(blocks), min(rounds)) if rounds else None
+
     def _stalled(self, progress: dict[str, ProgressRecord]) -> set[str]:
         """The current plan's peers whose progress under this plan version says :attr:`PeerStatus.STALLED`."""
         assert self.plan is not None
@@ -462,7 +551,7 @@ class Coordinator:
             return
         new = dataclasses.replace(self.plan, stop_step=stop_at)
         self.swarm.publish_plan(
-            PlanRecord(job_id=self.config.job_id, version=new.version, plan=new.to_dict(), published_at=time.time())
+            PlanRecord(job_id=self.config.job_id, version=new.version, plan=self._plan_wire(new), published_at=time.time())
         )
         self.plan = new
         self._announce(new)
@@ -572,7 +661,7 @@ class Coordinator:
             "bytes": {"by_region_pair": pairs, "cross_region": cross, "total": summary["total_bytes"]},
             "usd": usd,
             "events": r.events,
-            "checkpoints": {"dir": self.job.checkpoint.dir,
+            "checkpoints": {"dir": self.job.checkpoint.dir, "manifest": self._last_manifest,
                             "last_round": max((p.round for p in r.last_progress.values()), default=0)},
             "summary": summary,
         }

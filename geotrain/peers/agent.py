@@ -35,6 +35,7 @@ from geotrain.config import JobSpec, job_from_dict
 from geotrain.errors import (
     ConfigError,
     GeotrainError,
+    StateLostError,
     TransportError,
 )
 from geotrain.peers.localise import localise_job
@@ -67,6 +68,7 @@ class AgentConfig:
     benchmark_s: float = 0.5
     data_dir: str | None = None  # where this peer's copy of the job's data lives (geotrain.peers.localise)
     model_dir: str | None = None  # ... and of its pretrained weights
+    state_dir: str | None = None  # this peer's own checkpoints of what it holds (geotrain.peers.statestore)
 
     def __post_init__(self) -> None:
         if self.usd_per_hour < 0:
@@ -120,6 +122,8 @@ class PeerAgent:
         self._plan_news = NewsWaiter(self._stop, poll_s=config.poll_s)
         self._coordinator: Contact | None = None  # where to send news of this peer's progress
         self._sync_router: Any = None  # GroupRouter: sync.ping / sync.ask on this transport, built at start
+        self._store: Any = None  # StateStore of config.state_dir, built at start
+        self._lost: Any = None  # StateLostError of the current plan: blocks nobody holds (progress reports them)
 
     # -- setup ------------------------------------------------------------------------------------
     def start(self) -> PeerRecord:
@@ -167,7 +171,18 @@ class PeerAgent:
         self._sync_router = GroupRouter(self.transport)
         from geotrain.peers.state import serve_state
 
-        serve_state(self.transport, lambda: self._locked("_worker"), lambda: self._locked("_last_state"))
+        stored = None
+        if self.config.state_dir is not None:
+            from pathlib import Path
+
+            from geotrain.peers.statestore import StateStore
+
+            store = self._store = StateStore(Path(self.config.state_dir))
+
+            def stored(job_id: str, start: int, end: int, step: int) -> Any:
+                return store.load(job_id, step, start, end)
+
+        serve_state(self.transport, lambda: self._locked("_worker"), lambda: self._locked("_last_state"), stored)
         serve_news(self.transport, PLAN_NEWS, self._plan_news)
         hb = self.swarm.start_heartbeat(make_record)
         hb.wait_first(timeout=self.swarm.config.timeout_s)
@@ -377,6 +392,8 @@ class PeerAgent:
                 self._news.wait(min(2.0, self.config.poll_s * 2))
                 self._news.clear()
         self._retire()
+        if self._store is not None:
+            self._store.close()
         return 0
 
     def _adopt(self, job: JobSpec, plan: JobPlan, step: int) -> int:
@@ -406,6 +423,8 @@ class PeerAgent:
         start = plan.start_step
         same_job = previous is not None and previous.job_id == plan.job_id
         kept = self._last_state if self._last_state is not None and self._last_state.job_id == plan.job_id else None
+        if self._store is not None:
+            self._store.keep = job.checkpoint.keep
         try:
             worker = StageWorker(
                 job,
@@ -417,19 +436,23 @@ class PeerAgent:
                 device=self._device,
                 links=dict(self._links),
                 router=self._sync_router,
+                store=self._store,
             )
         except GeotrainError as e:
-            # e.g. a checkpoint that cannot be read: this peer sits the plan out; the coordinator replans
+            # e.g. a checkpoint that cannot be read: this peer sits the plan out; the coordinator replans (or,
+            # for blocks nobody holds any more, stops the job: progress reports them)
             logger.error("cannot take part in plan v%d: %s", plan.version, e)
             with self._lock:
                 self._status = PeerStatus.STALLED
+                self._lost = e if isinstance(e, StateLostError) else None
             self._emit({"event": "error", "peer_id": self.peer_id, "plan_version": plan.version, "error": str(e)})
             return start
         with self._lock:
-            self._worker, self._status = worker, PeerStatus.TRAINING
+            self._worker, self._status, self._lost = worker, PeerStatus.TRAINING, None
         p, s = plan.slot_of(self.peer_id) or (0, 0)
         self._emit({"event": "plan", "peer_id": self.peer_id, "plan_version": plan.version, "slot": [p, s],
-                    "layers": list(plan.slot(p, s).layers), "start_step": start})
+                    "layers": list(plan.slot(p, s).layers), "start_step": start,
+                    "state": worker.state_source, "state_sha256": worker.initial_digest})
         return start
 
     def _finish(self, step: int) -> None:
@@ -476,7 +499,7 @@ class PeerAgent:
         """Publish this peer's progress (main or progress thread): from one snapshot taken under ``_lock``."""
         with self._lock:
             following, plan, w, status = self._following, self._plan, self._worker, self._status
-            last_state, base = self._last_state, self._job_baseline
+            last_state, base, lost = self._last_state, self._job_baseline, self._lost
         if following is not None and (plan is None or plan.job_id != following):
             self._publish_idle(following)  # tell the new job's coordinator this peer takes part
             return
@@ -508,6 +531,13 @@ class PeerAgent:
         # inbound messages the data plane refused, by reason: hostile or broken traffic shows up here
         for reason, count in sorted(tstats.dropped.items())[:16]:
             stats[f"drop:{reason}"] = float(count)
+        if self._store is not None:  # the peer-held checkpoint shards it wrote: the coordinator's manifests list them
+            for sh in self._store.written(plan.job_id)[:8]:
+                stats[f"shard:{sh.to_wire()}"] = float(sh.step)
+        if lost is not None:  # blocks with no reachable holder: the coordinator stops the job, naming them
+            stats["lost_round"] = float(lost.round)
+            for b in lost.blocks[:8]:
+                stats[f"lost:{b}"] = 1.0
         try:
             self.swarm.publish_progress(
                 ProgressRecord(

@@ -87,23 +87,32 @@ def serve_state(
     transport: Transport,
     current: Callable[[], Any],
     previous: Callable[[], StageState | None],
+    stored: Callable[[str, int, int, int], StageState | None] | None = None,
 ) -> None:
     """Answer ``state.get`` from the current worker's state, topped up with blocks this peer held before.
 
     After a replan a peer may hold other blocks than it did; a joiner that
-    needs the old ones still gets them from here.
+    needs the old ones still gets them from here. A request that names a
+    ``step`` (a resume from checkpoint ``step``) is answered only with state of
+    that step: from memory when it is that step's, else from ``stored(job_id,
+    start, end, step)`` (the peer's own checkpoints, :mod:`geotrain.peers.statestore`).
     """
 
     def handle(req: Message) -> Message | None:
         meta = req.meta
         job_id, start, end = meta.get("job_id"), meta.get("start"), meta.get("end")
+        step = meta.get("step")
         if not isinstance(job_id, str) or not isinstance(start, int) or not isinstance(end, int) or start >= end:
+            return Message(kind=KIND + ".err", meta={"error": "bad request"})
+        if step is not None and not isinstance(step, int):
             return Message(kind=KIND + ".err", meta={"error": "bad request"})
         worker = current()
         pieces = [worker.state() if worker is not None else None, previous()]
+        if step is not None and stored is not None:
+            pieces.append(stored(job_id, start, end, step))
         piece: StageState | None = None
         for st in pieces:
-            if st is None or st.job_id != job_id:
+            if st is None or st.job_id != job_id or (step is not None and st.step != step):
                 continue
             sel = st.select(start, end)
             if piece is None:
@@ -138,6 +147,7 @@ def fetch_state(
     need: Iterable[str] = (),
     have: StageState | None = None,
     timeout: float = 60.0,
+    step: int | None = None,
 ) -> StageState:
     """Gather blocks ``[start, end)`` from donors, best first, until every name in ``need`` is held.
 
@@ -145,7 +155,7 @@ def fetch_state(
     used; a donor that fails verification or does not answer is skipped.
     ``have`` is state already held (it wins over donors' copies). ``donors``
     must be connected on ``transport``. Without ``need``, the first verified
-    reply is enough.
+    reply is enough. With ``step``, only state of checkpoint ``step`` is asked for and accepted.
     """
     need = list(need)
     state = have
@@ -153,10 +163,11 @@ def fetch_state(
     for donor in donors:
         if state is not None and (state.covers(need) if need else state.params):
             break
+        ask: dict[str, Any] = {"job_id": job_id, "start": start, "end": end}
+        if step is not None:
+            ask["step"] = step
         try:
-            reply = transport.request(
-                donor, Message(kind=KIND, meta={"job_id": job_id, "start": start, "end": end}), timeout=timeout
-            )
+            reply = transport.request(donor, Message(kind=KIND, meta=ask), timeout=timeout)
         except TransportError as e:
             errors.append(f"{donor}: {e}")
             continue
@@ -168,6 +179,9 @@ def fetch_state(
         if sorted(reply.tensors) != meta.get("names") or nbytes != meta.get("nbytes") or sha != meta.get("sha256"):
             errors.append(f"{donor}: state failed verification (size or hash mismatch)")
             logger.warning("state from %s failed verification; trying the next donor", donor)
+            continue
+        if step is not None and meta.get("step") != step:
+            errors.append(f"{donor}: state of step {meta.get('step')}, not {step}")
             continue
         params = {k[2:]: v for k, v in reply.tensors.items() if k.startswith("p:")}
         momentum = {k[2:]: v for k, v in reply.tensors.items() if k.startswith("o:")}

@@ -3,12 +3,22 @@
 Built when a peer adopts a plan. Where the initial (global) weights come from, in order:
 
 1. the peer's own global state from the previous plan, when it covers this stage;
-2. the checkpoint named by the plan (``--resume``), for a peer new to the job;
-3. the plan's other peers (:func:`~geotrain.peers.state.fetch_state`): those that
+2. the shared checkpoint directory named by the plan (``--resume DIR``), for a peer new to the job;
+3. for a peer new to the job past step 0: its own state directory's checkpoint of the plan's
+   resume (or start) step (:class:`~geotrain.peers.statestore.StateStore`, verified);
+4. the plan's other peers (:func:`~geotrain.peers.state.fetch_state`): those that
    held these blocks in the previous plan first, then the fastest measured
    links; every reply verified by size and SHA-256; pieces gathered from several;
-4. the seed (a fresh job: every member builds identical weights without shipping
-   them; or blocks no live peer holds any more, which is logged).
+   on a resume only state of the resume step, served from memory or the donors' state directories;
+5. the seed, only for a fresh job (step 0: every member builds identical weights without shipping
+   them). Past step 0, blocks no reachable peer holds stop this peer with a
+   :class:`~geotrain.errors.StateTransferError` naming the blocks and the round, unless the job sets
+   ``checkpoint.allow_seed_restart`` (then they restart from the seed, logged).
+
+Peer-held checkpoints: after every ``checkpoint.every_rounds`` rounds the worker copies its global state
+(:meth:`StageWorker.state` clones) and hands it to its store, which writes one shard per stage group on
+its own thread; ``checkpoint_s`` counts only the step thread's part (the copy, and a wait when the
+previous checkpoint is still being written).
 
 Inner weights start equal to the global ones; the inner optimizer (AdamW)
 starts fresh with each plan version (its moments are local and cheap to rebuild).
@@ -26,9 +36,10 @@ from typing import Any
 import torch
 
 from geotrain.config import JobSpec
-from geotrain.errors import CheckpointError, StateTransferError
+from geotrain.errors import CheckpointError, StateLostError, StateTransferError
 from geotrain.models import build_stage
-from geotrain.peers.state import StageState, block_of, fetch_state
+from geotrain.peers.state import StageState, block_of, digest, fetch_state
+from geotrain.peers.statestore import StateStore
 from geotrain.pipeline import StageConfig, StageRuntime
 from geotrain.pipeline.lr import LRSchedule
 from geotrain.plan import JobPlan, SyncGroup
@@ -84,6 +95,7 @@ class StageWorker:
         links: dict[str, LinkMeasurement] | None = None,
         device: str = "cpu",
         router: GroupRouter | None = None,
+        store: StateStore | None = None,
     ) -> None:
         slot_at = plan.slot_of(peer_id)
         if slot_at is None:
@@ -104,7 +116,11 @@ class StageWorker:
                 key = sl.curve_public_key.encode() if sl.curve_public_key else None
                 transport.connect(pid, sl.endpoint, region=sl.region, curve_server_key=key)
 
+        self.store = store
+        self.state_source = "seed"  # where the initial global state came from (own, checkpoint, store, peers)
+        t_state = time.perf_counter()
         state = self._initial_state(previous_state, previous_plan, links or {})
+        self.state_s = time.perf_counter() - t_state  # loading or fetching the initial global state
         if state is not None:
             self._load_global(state)
         self.round = state.round if state is not None else 0
@@ -184,10 +200,14 @@ class StageWorker:
         self.wall_s = 0.0
         self.checkpoint_s = 0.0
         self.checkpoint_failures = 0  # checkpoint writes the disk refused (each retried at the next boundary)
+        self.peer_checkpoints = 0  # checkpoints handed to the state store
         self.steps = 0
         self._applied: _AppliedStep | None = None
         self._cpu0 = time.process_time()
         self._step = plan.start_step
+        self._stored_at = -1  # the step of the last state handed to the store
+        # what a resumed or joining peer adopted, as the syncs hold it (SHA-256 over names and bytes)
+        self.initial_digest = digest(self.state().params)[0] if self.state_source not in ("seed", "own") else None
 
     # -- construction helpers ---------------------------------------------------------------------
     def _sync_config(self, g: SyncGroup) -> DiLoCoConfig:
@@ -228,6 +248,7 @@ class StageWorker:
         start, end = self.stage.layers
         own = previous.select(start, end) if previous is not None else None
         if own is not None and own.covers(names):
+            self.state_source = "own"
             return own
         if previous_plan is None and self.plan.resume_step is not None and self.plan.checkpoint_dir:
             from geotrain.peers import checkpoint
@@ -236,9 +257,20 @@ class StageWorker:
                                  job_id=self.plan.job_id, start=start, end=end)
             if not ck.covers(names):
                 raise StateTransferError(f"checkpoint step {self.plan.resume_step} lacks blocks {self.stage.layers}")
+            self.state_source = "checkpoint"
             return ck
         if self.plan.start_step == 0 and previous_plan is None:
             return None  # a fresh job: the seed gives every member identical weights
+        # a peer new to the job past step 0: on a resume, only the checkpoint of the resume step will do
+        want_step = self.plan.resume_step if previous_plan is None else None
+        if previous_plan is None and self.store is not None:
+            mine = self.store.load(self.plan.job_id, want_step if want_step is not None else self.plan.start_step,
+                                   start, end)
+            if mine is not None:
+                own = mine if own is None else own.merge(mine)
+                if own.covers(names):
+                    self.state_source = "store"
+                    return own
         # the plan's peers first (alive a moment ago), of those who held these blocks in the previous plan first,
         # then the fastest measured links; last the previous plan's peers this plan left out (spares now, or
         # dead): a block only they hold would otherwise restart from the seed
@@ -259,13 +291,26 @@ class StageWorker:
             key=lambda m: (m not in plan_peers, m not in held_before, -(links[m].bandwidth_bps if m in links else 0.0)),
         )
         try:
-            return fetch_state(
+            got = fetch_state(
                 self.transport, donors, job_id=self.plan.job_id, start=start, end=end, need=names, have=own,
-                timeout=self.job.swarm.round_timeout_s,
+                timeout=self.job.swarm.round_timeout_s, step=want_step,
             )
+            self.state_source = "peers"
+            return got
         except StateTransferError as e:
+            held = own.params if own is not None else {}
+            lost = sorted({block_of(n) for n in names if n not in held})
+            rnd = (want_step if want_step is not None else self.plan.start_step) // max(1, self.job.sync.every)
+            if not self.job.checkpoint.allow_seed_restart:
+                raise StateLostError(
+                    f"blocks {lost} of job {self.plan.job_id} have no reachable holder at round {rnd} "
+                    f"(step {self.plan.start_step}): no live peer, no state directory holds them ({e}); "
+                    "restart the peers that hold them, or set checkpoint.allow_seed_restart = true to "
+                    "restart them from the seed", blocks=lost, round=rnd,
+                ) from e
             # never train on partial weights: what no live peer holds restarts from the seed, named in the log
-            logger.warning("incomplete stage state (%s); blocks no peer holds start from the seed", e)
+            logger.warning("incomplete stage state (%s); blocks %s restart from the seed at round %d "
+                           "(checkpoint.allow_seed_restart)", e, lost, rnd)
             return own
 
     def _load_global(self, state: StageState) -> None:
@@ -304,6 +349,7 @@ class StageWorker:
         self.round = min((o.version for sync in self.syncs for o in sync.outer), default=self.round)
         t1 = time.perf_counter()
         self._checkpoint_or_count(step + 1)
+        self._peer_checkpoint(step + 1)
         self.checkpoint_s += time.perf_counter() - t1
         # the commit point: from here on this step counts
         self._applied = None
@@ -330,6 +376,23 @@ class StageWorker:
             sync.flush()
         self.round = min((o.version for sync in self.syncs for o in sync.outer), default=self.round)
         self._checkpoint_or_count(self._step)  # rewrites the boundary's checkpoint with the flushed state
+        self._peer_checkpoint(self._step, final=True)
+        if self.store is not None and not self.store.flush(self.job.swarm.round_timeout_s * 2):
+            logger.error("the final peer checkpoint is still being written")
+
+    def _peer_checkpoint(self, done: int, *, final: bool = False) -> None:
+        """After inner step ``done``, if a checkpoint round ends there (or ``final``): this peer's blocks to its
+        state store (a copy now, the write on the store's thread)."""
+        every = self.job.sync.every * self.job.checkpoint.every_rounds
+        if self.store is None or every <= 0 or done % every or done == 0:
+            return
+        if final and self.peer_checkpoints and self._stored_at == done and not self.job.sync.overlap:
+            return  # the boundary's checkpoint already holds this state (no round was in flight)
+        state = self.state(step=done)
+        ranges = [(g.start, g.end) for g in self.plan.groups_of(self.peer_id)]
+        self.store.submit(state, ranges)
+        self.peer_checkpoints += 1
+        self._stored_at = done
 
     def _checkpoint_or_count(self, done: int) -> None:
         """The checkpoint after inner step ``done``, if one is due; a refused write is logged and counted."""
@@ -370,7 +433,12 @@ class StageWorker:
             "round_s": sum(s.round_s for s in sync),
             "rounds": float(sum(s.rounds_committed + s.rounds_discarded for s in sync)),
             "checkpoint_s": self.checkpoint_s,
-            "checkpoint_failures": float(self.checkpoint_failures),
+            "checkpoint_failures": float(self.checkpoint_failures + (self.store.failures if self.store else 0)),
+            "checkpoints": float(self.peer_checkpoints),
+            "state_s": self.state_s,
+            "checkpoint_write_s": self.store.write_s if self.store else 0.0,
+            "checkpoint_bytes": float(self.store.bytes_written) if self.store else 0.0,
+            "shards_refused": float(self.store.refused) if self.store else 0.0,
             "cpu_s": time.process_time() - self._cpu0,
             "pipeline": float(self.pipeline),
             "stage": float(self.stage_index),

@@ -45,6 +45,8 @@ hop_timeout_s = 3
 round_timeout_s = 3
 [report]
 eval_batches = 2
+[checkpoint]
+allow_seed_restart = true  # the victim held its stage alone: the newcomer restarts it from the seed
 """
 
 STALLED = PeerStatus.STALLED  # ProgressRecord.status
