@@ -149,13 +149,13 @@ def latest_manifest(report_dir: Path, job_id: str, num_blocks: int) -> Manifest 
     d = manifest_dir(report_dir)
     if not d.is_dir():
         return None
-    found = sorted(((int(m.group(1)), p) for p in d.iterdir() if (m := _NAME.match(p.name))), reverse=True)
+    found = sorted(((int(hit.group(1)), p) for p in d.iterdir() if (hit := _NAME.match(p.name))), reverse=True)
     for _, path in found:
         try:
-            m = Manifest.from_dict(json.loads(path.read_text()))
+            man = Manifest.from_dict(json.loads(path.read_text()))
         except (OSError, ValueError, CheckpointError) as e:
             logger.warning("manifest %s unreadable (%s); trying an older one", path, e)
             continue
-        if m.job_id == job_id and m.covers(num_blocks):
-            return m
+        if man.job_id == job_id and man.covers(num_blocks):
+            return man
     return None
