@@ -160,3 +160,15 @@ def test_the_llama_example_checks_out_with_its_corpus(tmp_path: Path, capsys: py
     out = json.loads(capsys.readouterr().out)
     assert out["model"]["model_type"] == "llama" and out["model"]["blocks"] == 6
     assert 256 < out["model"]["vocab_size"] <= 2048 and out["data"]["documents"] > 10
+
+
+def test_egress_is_priced_per_region() -> None:
+    import argparse
+
+    from geotrain.cli.run import parse_egress
+
+    assert parse_egress("0.05") == {"*": 0.05}
+    assert parse_egress("us-east=0.02,ap-south=0.08,*=0.05") == {"us-east": 0.02, "ap-south": 0.08, "*": 0.05}
+    for bad in ("cheap", "us-east=", "=0.1", "-1", "nan"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_egress(bad)

@@ -35,7 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nat", action="store_true",
                    help="this machine accepts no inbound connections: DHT client mode, dial-out data plane")
     p.add_argument("--swarm", default="geotrain", help="swarm name (DHT key prefix)")
-    p.add_argument("--egress", type=float, default=0.02, metavar="USD_PER_GB", help="egress price between regions")
+    p.add_argument("--egress", type=parse_egress, default={"*": 0.02}, metavar="USD_PER_GB|REGION=USD,...",
+                   help="USD per GB leaving a region: one price for all (default 0.02), or per region, e.g. "
+                        "us-east=0.02,ap-south=0.08,*=0.05 (* = regions not named)")
     p.add_argument("--swarm-key", default=None, metavar="FILE", help="swarm key of a closed swarm (geotrain keygen)")
     p.add_argument("--resume", default=None, nargs="?", const="", metavar="DIR",
                    help="continue from the newest checkpoint: with DIR, the newest complete one in that shared "
@@ -47,6 +49,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_run)
 
 
+def parse_egress(text: str) -> dict[str, float]:
+    """``--egress``: one price (``"0.02"``) for every region, or ``REGION=USD`` pairs (``*`` for the rest)."""
+    try:
+        if "=" not in text:
+            return {"*": _price(float(text))}
+        out: dict[str, float] = {}
+        for part in text.split(","):
+            region, _, price = part.partition("=")
+            if not region.strip() or not price:
+                raise ValueError(part)
+            out[region.strip()] = _price(float(price))
+        return out
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--egress takes a price in USD per GB (0.02) or REGION=USD pairs (us-east=0.02,*=0.05); got {text!r}"
+        ) from None
+
+
+def _price(x: float) -> float:
+    if not x >= 0:  # also refuses NaN
+        raise ValueError(x)
+    return x
+
+
 def run_coordinator(
     job_path: str | Path | None,
     *,
@@ -56,7 +82,7 @@ def run_coordinator(
     report_dir: str | Path | None = None,
     host: str = "127.0.0.1",
     swarm_name: str = "geotrain",
-    egress_usd_per_gb: float = 0.02,
+    egress_usd_per_gb: float | dict[str, float] = 0.02,
     emit: Any = None,
     stop: threading.Event | None = None,
     job: Any = None,
@@ -104,7 +130,8 @@ def run_coordinator(
         try:
             coord = Coordinator(
                 CoordinatorConfig(job_id=job_id, report_dir=out, resume=resume is not None,
-                                  egress_usd_per_gb={"*": egress_usd_per_gb}),
+                                  egress_usd_per_gb=egress_usd_per_gb if isinstance(egress_usd_per_gb, dict)
+                                  else {"*": egress_usd_per_gb}),
                 spec,
                 swarm=swarm,
                 transport=transport,
