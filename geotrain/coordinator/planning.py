@@ -4,11 +4,12 @@ The coordinator plans exactly as ``geotrain plan`` does: it writes the same
 scenario dict (regions, measured links, measured peers, the model's real
 per-layer profile, the job) and calls :func:`geotrain.planner.plan`.
 
-Links: each measured pair becomes a peer-to-peer link (bandwidth = the slower
-of the two directions, RTT = the larger). Peers of a region also get a region
-link from the median of their measured pairs, so a pair that was not probed
-yet still has a figure; a pair with no figure at all is left out, and the
-planner will not place a hop there.
+Links: each measured direction becomes a peer-to-peer link of its own (a pair
+measured one way only: that figure for both ways). Each ordered region pair
+also gets a link from the median of its measured directions, so a pair that was
+not probed (peers probe only some: ``geotrain.swarm.probe_targets``) still has a
+figure; a pair with no figure at all is left out, and the planner will not
+place a hop there.
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ def scenario_dict(
     prices = dict(egress_usd_per_gb or {})
     regions = {p.region: {"egress_usd_per_gb": egress_price(prices, p.region)} for p in peers.values()}
 
-    # both directions of each measured pair: (bandwidth bytes/s, rtt s)
+    # each measured direction src -> dst (the prober's bulk transfer goes src -> dst): (bandwidth B/s, rtt s).
+    # A pair measured both ways gets one link per direction (a home uplink is not its downlink); measured one
+    # way, that figure stands for both.
     seen: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for row in links.values():
         if row.src not in peers:
@@ -48,19 +51,19 @@ def scenario_dict(
         for dst, m in row.links.items():
             if dst not in peers or dst == row.src or m.bandwidth_bps <= 0:
                 continue
-            key = (min(row.src, dst), max(row.src, dst))
-            seen.setdefault(key, []).append((m.bandwidth_bps, m.rtt_s))
+            seen.setdefault((row.src, dst), []).append((m.bandwidth_bps, m.rtt_s))
     from geotrain.peers.reachability import relayed_links
 
     for key, relayed in relayed_links(peers, links).items():  # two peers behind NAT: an extra hop via a relay
-        seen.setdefault(key, [relayed])
+        if key not in seen and key[::-1] not in seen:
+            seen[key] = [relayed]
     link_list: list[dict[str, Any]] = []
     by_region_pair: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for (a, b), ms in sorted(seen.items()):
         bw = min(x[0] for x in ms)
         rtt = max(x[1] for x in ms)
         link_list.append({"a": a, "b": b, "bandwidth_gbps": bw * 8 / 1e9, "rtt_ms": rtt * 1e3})
-        ra, rb = sorted((peers[a].region, peers[b].region))
+        ra, rb = peers[a].region, peers[b].region
         by_region_pair.setdefault((ra, rb), []).append((bw, rtt))
     for (ra, rb), ms in sorted(by_region_pair.items()):
         link_list.append(

@@ -32,3 +32,30 @@ def test_job_record_endpoint_must_be_a_tcp_address() -> None:
     assert ok.endpoint == "tcp://10.0.0.1:4000"
     with pytest.raises(ValueError, match="tcp://"):
         JobRecord(job_id="j", spec={}, published_at=time.time(), endpoint="ipc:///tmp/x; rm -rf /")
+
+
+def test_the_live_scenario_keeps_each_measured_direction_and_region_medians() -> None:
+    import time
+
+    from geotrain.config import job_from_dict
+    from geotrain.coordinator.planning import scenario_dict
+    from geotrain.planner import Scenario
+    from geotrain.swarm.records import LinkMeasurement, LinkRow
+    from tests.swarm.test_records import peer_record
+
+    now = time.time()
+    peers = {p: peer_record(p, region=r) for p, r in (("home", "de"), ("a100", "us"), ("a100b", "us"))}
+
+    def row(src: str, **to: tuple[float, float]) -> LinkRow:
+        return LinkRow(src=src, links={d: LinkMeasurement(bandwidth_bps=bw, rtt_s=rtt, measured_at=now)
+                                       for d, (bw, rtt) in to.items()})
+
+    links = {"home": row("home", a100=(25e6, 0.09)),  # a home uplink: 200 Mbit/s up ...
+             "a100": row("a100", home=(125e6, 0.09), a100b=(1.25e9, 0.001))}  # ... 1 Gbit/s down
+    sc = scenario_dict(job_from_dict({}), peers, links)
+    by = {(e["a"], e["b"]): e for e in sc["links"]}
+    assert by[("home", "a100")]["bandwidth_gbps"] == pytest.approx(0.2)
+    assert by[("a100", "home")]["bandwidth_gbps"] == pytest.approx(1.0)
+    assert by[("a100", "a100b")]["bandwidth_gbps"] == pytest.approx(10.0)  # measured one way: both ways
+    assert {("de", "us"), ("us", "de"), ("us", "us")} <= set(by)  # region medians, per direction
+    Scenario.from_dict(sc)  # the planner takes it
