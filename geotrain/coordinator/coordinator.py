@@ -196,7 +196,11 @@ class Coordinator:
 
     def _next_version(self) -> int:
         mine = self.swarm.latest_plan(job_id=self.config.job_id, publisher=self.swarm.peer_id)
-        return max(mine.version if mine else 0, self.plan.version if self.plan else 0) + 1
+        # above any live plan of this job id, whoever published it: a fresh coordinator resuming the job must
+        # not publish a version its peers already hold from the previous coordinator (they would ignore it)
+        anyone = self.swarm.latest_plan(job_id=self.config.job_id)
+        return max(mine.version if mine else 0, anyone.version if anyone else 0,
+                   self.plan.version if self.plan else 0) + 1
 
     def publish_plan(
         self, peers: dict[str, PeerRecord], *, start_step: int, reason: str, resume_step: int | None = None
@@ -258,13 +262,14 @@ class Coordinator:
             from geotrain.coordinator.manifest import latest_manifest, manifest_dir
 
             m = latest_manifest(self.config.report_dir, self.config.job_id, num_blocks)
+            source = str(manifest_dir(self.config.report_dir))
             if m is None:
-                m = self._dht_manifest(num_blocks)
+                m, source = self._dht_manifest(num_blocks), "dht"
             if m is None:
                 raise CheckpointError(f"no checkpoint manifest of job {self.config.job_id} covering all "
                                       f"{num_blocks} blocks under {manifest_dir(self.config.report_dir)}; "
                                       "start without --resume, or pass the report directory of the first run")
-            self._event("resume", manifest=str(manifest_dir(self.config.report_dir)), step=m.step, round=m.round,
+            self._event("resume", manifest=source, step=m.step, round=m.round,
                         plan_version=m.plan_version, holders=sorted({p for sh in m.shards for p in sh.holders}))
             return m.step
         root = Path(self.job.checkpoint.dir or "")

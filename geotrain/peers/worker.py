@@ -4,7 +4,7 @@ Built when a peer adopts a plan. Where the initial (global) weights come from, i
 
 1. the peer's own global state from the previous plan, when it covers this stage;
 2. the shared checkpoint directory named by the plan (``--resume DIR``), for a peer new to the job;
-3. for a peer new to the job past step 0: its own state directory's checkpoint of the plan's
+3. for a peer holding nothing of the job yet past step 0: its own state directory's checkpoint of the plan's
    resume (or start) step (:class:`~geotrain.peers.statestore.StateStore`, verified);
 4. the plan's other peers (:func:`~geotrain.peers.state.fetch_state`): those that
    held these blocks in the previous plan first, then the fastest measured
@@ -261,9 +261,10 @@ class StageWorker:
             return ck
         if self.plan.start_step == 0 and previous_plan is None:
             return None  # a fresh job: the seed gives every member identical weights
-        # a peer new to the job past step 0: on a resume, only the checkpoint of the resume step will do
-        want_step = self.plan.resume_step if previous_plan is None else None
-        if previous_plan is None and self.store is not None:
+        # a peer holding nothing of the job yet (new, or a spare until now) past step 0: on a resume, only the
+        # checkpoint of the resume step will do
+        want_step = self.plan.resume_step if previous is None else None
+        if previous is None and self.store is not None:
             mine = self.store.load(self.plan.job_id, want_step if want_step is not None else self.plan.start_step,
                                    start, end)
             if mine is not None:

@@ -1,0 +1,189 @@
+"""The job's state without a shared file system: the whole swarm is SIGKILLed after round 2 and resumed.
+
+Four peers (two pipelines of two stages: every block has two holders) each
+write their blocks into their own ``--state-dir``; the coordinator writes only
+manifests. After the first run ends at round 2 every process is SIGKILLed, each
+peer's state directory is moved to a new path (only that peer knows it), and
+everything the coordinator wrote is deleted except the newest manifest. Fresh
+peers started on the moved directories and a fresh coordinator with
+``--resume`` (same job id) must then continue at round 3 from global
+parameters equal, bitwise, to the round-2 checkpoint, and finish.
+
+Variants: ``damaged``: one peer's directory is destroyed and a shard of another
+one corrupted (both found on the other pipeline's holders; the refusal is
+counted), and the coordinator's report directory is gone too: the manifest is
+read from the DHT (whose bootstrap node lived on); ``lost``: every directory is destroyed: the job stops with an error
+naming the blocks and the round instead of restarting from the seed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from geotrain.config import load_job
+from geotrain.peers import checkpoint
+from geotrain.peers.state import StageState, digest
+from geotrain.peers.statestore import StateStore
+from geotrain.testing.procs import Child, ChildGroup
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]  # ~1.5-3 min each on a loaded box
+
+JOB_ID = "swarm-resume"
+BLOCKS = 6  # the tiny preset
+
+
+def job_toml(steps: int) -> str:
+    return f"""
+[job]
+name = "swarm-resume"
+seed = 1
+[model]
+preset = "tiny"
+[data]
+max_bytes = 1048576
+[pipeline]
+stages = 2
+pipelines = 2
+micro_batch_size = 4
+microbatches = 2
+[sync]
+every = 5
+[stop]
+steps = {steps}
+[swarm]
+min_peers = 4
+wait_peers_s = 120
+hop_timeout_s = 20
+round_timeout_s = 20
+[report]
+eval_batches = 2
+"""
+
+
+def start_swarm(
+    children: ChildGroup, state_dirs: list[Path], tag: str, maddrs: list[str] | None = None
+) -> tuple[Child | None, list[str], list[Child]]:
+    boot = None
+    if maddrs is None:
+        boot = children.start(f"dht-{tag}", ["dht", "--host", "127.0.0.1"])
+        maddrs = boot.wait_event("ready", 120)["maddrs"]
+    peers = [
+        children.start(f"peer{i}-{tag}", ["peer", "--initial-peers", *maddrs, "--region", "us", "--threads", "1",
+                                          "--heartbeat", "1", "--probe-every", "600", "--job", JOB_ID,
+                                          "--state-dir", str(d)])
+        for i, d in enumerate(state_dirs)
+    ]
+    return boot, maddrs, peers
+
+
+def coordinator(children: ChildGroup, tmp: Path, maddrs: list[str], steps: int, tag: str, *extra: str) -> Child:
+    job = tmp / f"job-{tag}.toml"
+    job.write_text(job_toml(steps))
+    return children.start(f"coordinator-{tag}", ["run", str(job), "--initial-peers", *maddrs, "--json",
+                                                 "--job-id", JOB_ID, "--report-dir", str(tmp / "report"), *extra])
+
+
+def reference(dirs: list[Path]) -> StageState:
+    """The round-2 global state, gathered from the (moved) state directories, each shard verified."""
+    ref: StageState | None = None
+    for d in dirs:
+        got = StateStore(d).load(JOB_ID, 10, 0, BLOCKS)
+        if got is not None:
+            ref = got if ref is None else ref.merge(got)
+    assert ref is not None and ref.round == 2
+    return ref
+
+
+@pytest.mark.parametrize("variant", ["moved", "damaged", "lost"])
+def test_whole_swarm_killed_after_round_2_resumes_from_the_peers(
+    children: ChildGroup, tmp_path: Path, variant: str
+) -> None:
+    first_dirs = [tmp_path / f"state-{i}" for i in range(4)]
+    boot, maddrs, peers = start_swarm(children, first_dirs, "1")
+    ids = [p.wait_event("ready", 120)["peer_id"] for p in peers]
+    first = coordinator(children, tmp_path, maddrs, 10, "1")  # rounds 1 and 2, a checkpoint after each
+    manifest = first.wait_event("manifest", 240)
+    while manifest["step"] != 10:
+        manifest = first.wait_event("manifest", 240)
+    done = first.wait_event("report", 240)
+    assert first.proc.wait(timeout=60) == 0
+    on_disk = json.loads((tmp_path / "report" / "manifests" / "step-000010.json").read_text())
+    assert (on_disk["job_id"], on_disk["round"], on_disk["step"]) == (JOB_ID, 2, 10)
+    assert {p for sh in on_disk["shards"] for p in sh["holders"]} == set(ids)  # every peer wrote its blocks
+    report1 = json.loads((tmp_path / "report" / "report.json").read_text())
+    # "damaged": the bootstrap DHT node lives on, and the coordinator keeps nothing at all (the manifest
+    # comes from the DHT, beside the first coordinator's plan record)
+    from_dht = variant == "damaged"
+    for child in [first, *peers, *([] if from_dht or boot is None else [boot])]:
+        children.kill(child, signal.SIGKILL)
+
+    # only each peer knows where its state went; the coordinator keeps nothing but the newest manifest
+    moved = [tmp_path / "elsewhere" / f"peer-{i}" for i in range(4)]
+    for a, b in zip(first_dirs, moved, strict=True):
+        shutil.move(str(a), str(b))
+    keep = tmp_path / "manifest.json"
+    shutil.copy(tmp_path / "report" / "manifests" / "step-000010.json", keep)
+    shutil.rmtree(tmp_path / "report")
+    (tmp_path / "report" / "manifests").mkdir(parents=True)
+    shutil.move(str(keep), str(tmp_path / "report" / "manifests" / "step-000010.json"))
+    if from_dht:
+        shutil.rmtree(tmp_path / "report")
+    ref = reference(moved)
+    assert set(ref.params) and len({n.split(".")[1] for n in ref.params}) == BLOCKS
+    from geotrain.coordinator.evaluate import validation_loss
+
+    job10 = load_job(tmp_path / "job-1.toml")  # the checkpoint is the global model the first run ended with
+    assert done["summary"]["val_loss_final"] == pytest.approx(validation_loss(job10, ref.params), abs=1e-6)
+
+    refused_at: list[int] = []
+    if variant == "damaged":
+        # the first pipeline's stage 0 loses its directory; its stage 1 has a corrupted shard: both blocks'
+        # ranges are also held by the second pipeline's peers
+        pipe0 = report1["plans"][-1]["pipelines"][0]
+        a, b = ids.index(pipe0[0]["peer"]), ids.index(pipe0[1]["peer"])
+        shutil.rmtree(moved[a])
+        (pt,) = checkpoint.step_dir(moved[b] / JOB_ID, 10).glob("b*.pt")
+        data = bytearray(pt.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        pt.write_bytes(bytes(data))
+        refused_at.append(b)
+    elif variant == "lost":
+        for d in moved:
+            shutil.rmtree(d)
+
+    boot, maddrs, peers = start_swarm(children, moved, "2", maddrs if from_dht else None)
+    second = coordinator(children, tmp_path, maddrs, 15, "2", "--resume")
+    resumed = second.wait_event("resume", 240)
+    assert (resumed["step"], resumed["round"]) == (10, 2)
+    assert resumed["manifest"] == ("dht" if from_dht else str(tmp_path / "report" / "manifests")), resumed
+    if variant == "lost":
+        err = second.wait_event("error", 240)
+        while "no reachable holder" not in err.get("message", ""):
+            err = second.wait_event("error", 240)
+        assert err["round"] == 2 and err["blocks"] and set(err["blocks"]) <= set(range(BLOCKS)), err
+        assert "allow_seed_restart" in err["message"]
+        second.wait_event("report", 240)
+        return
+    report = second.wait_event("report", 300)
+    assert second.proc.wait(timeout=60) == 0
+    data2 = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert data2["plans"][0]["start_step"] == 10 and data2["plans"][0]["reason"] == "resume"
+    # every peer adopted the round-2 global parameters, bitwise, from its directory or another holder's
+    for child in peers:
+        plan: dict[str, Any] = child.wait_event("plan", 30)
+        a, b = plan["layers"]
+        assert plan["start_step"] == 10 and plan["state"] in ("store", "peers"), plan
+        assert plan["state_sha256"] == digest(ref.select(a, b).params)[0], plan
+    assert data2["checkpoints"]["last_round"] == 3  # rounds went on at 3
+    assert data2["checkpoints"]["manifest"]["step"] == 15
+    assert report["summary"]["job_id"] == JOB_ID
+    refused = sum(ps.get("shards_refused", 0.0) for ps in data2["peer_stats"].values())
+    assert refused >= (1 if refused_at else 0) and (refused == 0 or refused_at), data2["peer_stats"]
+    stats = list(data2["peer_stats"].values())
+    assert all(ps["checkpoints"] >= 1 and ps["checkpoint_bytes"] > 0 for ps in stats), stats
