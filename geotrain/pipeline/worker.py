@@ -16,6 +16,7 @@ The real peer agent (``geotrain peer``) gets the same information from the plan 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import threading
@@ -58,6 +59,10 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+#: how long the first inner step may wait for a neighbour (its start-up included), whatever --hop-timeout says
+FIRST_STEP_TIMEOUT_S = 60.0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     import torch
@@ -90,7 +95,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = StageConfig(
         job=args.job, stage=args.stage, num_stages=args.num_stages, microbatches=args.microbatches,
         schedule=args.schedule, act_codec=args.act_codec, grad_codec=args.grad_codec, lr=args.lr,
-        hop_timeout_s=args.hop_timeout,
+        # the first step also waits out the neighbours' own start (first forward, lazy init, a loaded box):
+        # the hop deadline applies from step 1 on
+        hop_timeout_s=max(args.hop_timeout, FIRST_STEP_TIMEOUT_S),
     )
     seq_len = int(getattr(model, "seq_len", 0) or getattr(getattr(model, "config", None), "seq_len", 32))
     dataset = build_dataset(DataConfig(max_bytes=args.data_bytes)) if cfg.is_first or cfg.is_last else None
@@ -141,6 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             for step in range(args.steps):
                 metrics = runtime.run_inner_step(step)
+                if step == 0:
+                    runtime.config = dataclasses.replace(cfg, hop_timeout_s=args.hop_timeout)
                 _emit("step", **metrics.to_json())
         except StageFailedError as e:
             _emit("failed", peer=e.peer, step=e.step, error=str(e))
