@@ -517,7 +517,10 @@ class Coordinator:
             if pr is None or pr.plan_version != self.plan.version or "lost_round" not in pr.stats:
                 continue
             rounds.append(int(pr.stats["lost_round"]))
-            blocks |= {int(k[5:]) for k in pr.stats if k.startswith("lost:") and k[5:].isdigit()}
+            for k in pr.stats:  # "lost:<start>-<end>"
+                a, _, z = k[5:].partition("-")
+                if k.startswith("lost:") and a.isdigit() and z.isdigit():
+                    blocks |= set(range(int(a), int(z)))
         return (sorted(blocks), min(rounds)) if rounds else None
 
     def _stalled(self, progress: dict[str, ProgressRecord]) -> set[str]:

@@ -532,12 +532,18 @@ class PeerAgent:
         for reason, count in sorted(tstats.dropped.items())[:16]:
             stats[f"drop:{reason}"] = float(count)
         if self._store is not None:  # the peer-held checkpoint shards it wrote: the coordinator's manifests list them
-            for sh in self._store.written(plan.job_id)[:8]:
+            for sh in self._store.written(plan.job_id)[:6]:  # stats hold at most 64 figures in all
                 stats[f"shard:{sh.to_wire()}"] = float(sh.step)
         if lost is not None:  # blocks with no reachable holder: the coordinator stops the job, naming them
             stats["lost_round"] = float(lost.round)
-            for b in lost.blocks[:8]:
-                stats[f"lost:{b}"] = 1.0
+            runs: list[list[int]] = []
+            for b in sorted(lost.blocks):  # as ranges of consecutive blocks, "lost:<start>-<end>"
+                if runs and runs[-1][1] == b:
+                    runs[-1][1] = b + 1
+                else:
+                    runs.append([b, b + 1])
+            for a, b in runs[:6]:
+                stats[f"lost:{a}-{b}"] = 1.0
         try:
             self.swarm.publish_progress(
                 ProgressRecord(
