@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                 s.snapshot(epoch * tokens_per_epoch)
             if epoch == spec.epochs:
                 s.budget(epoch * tokens_per_epoch)
-        if opt.local_epoch >= spec.epochs and stop_requested():
+        if stop_requested():  # sent only past rank 0's budget; a straggler stops too
             stopped = "target"
             break
         if s.elapsed() > spec.timeout_s:
