@@ -263,8 +263,13 @@ class Coordinator:
 
             m = latest_manifest(self.config.report_dir, self.config.job_id, num_blocks)
             source = str(manifest_dir(self.config.report_dir))
-            if m is None:
+            # the DHT: a node that just joined may not see every record at its first read; read again, bounded
+            deadline = time.monotonic() + min(30.0, self.job.swarm.wait_peers_s)
+            while m is None and not self._stop.is_set():
                 m, source = self._dht_manifest(num_blocks), "dht"
+                if m is not None or time.monotonic() > deadline:
+                    break
+                self._stop.wait(self.config.poll_s)
             if m is None:
                 raise CheckpointError(f"no checkpoint manifest of job {self.config.job_id} covering all "
                                       f"{num_blocks} blocks under {manifest_dir(self.config.report_dir)}; "
