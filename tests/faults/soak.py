@@ -56,6 +56,10 @@ min_peers = 4
 wait_peers_s = 120
 hop_timeout_s = 4
 round_timeout_s = 4
+[checkpoint]
+# a killed peer may be its blocks' only holder (the planner may run one pipeline and keep spares); this soak
+# measures churn's goodput and resource growth, not state durability (tests/faults/test_resume_from_swarm.py)
+allow_seed_restart = true
 [report]
 eval_batches = 2
 """
