@@ -315,11 +315,14 @@ class Coordinator:
             now = time.time()
             dt, last_tick = now - last_tick, now
             if time.monotonic() - last_job_publish > self.swarm.config.record_ttl_s / 3:
-                self.publish_job()
-                plan_rec = PlanRecord(job_id=self.config.job_id, version=self.plan.version,
-                                      plan=self._plan_wire(self.plan), published_at=time.time())
-                self.swarm.publish_plan(plan_rec)
-                last_job_publish = time.monotonic()
+                try:
+                    self.publish_job()
+                    plan_rec = PlanRecord(job_id=self.config.job_id, version=self.plan.version,
+                                          plan=self._plan_wire(self.plan), published_at=time.time())
+                    self.swarm.publish_plan(plan_rec)
+                    last_job_publish = time.monotonic()
+                except GeotrainError as e:  # tried again next poll; a stopping job still writes its report
+                    logger.info("DHT write failed: %s", e)
             try:
                 progress = {pid: p for pid, p in self.swarm.get_progress().items() if p.job_id == self.config.job_id}
                 peers = {pid: rec for pid, rec in self.swarm.get_peers().items() if pid in progress}
@@ -468,9 +471,12 @@ class Coordinator:
             self._last_manifest = {"path": str(path), "step": m.step, "round": m.round}
             if self._manifest_wire is None or int(self._manifest_wire["step"]) <= m.step:
                 self._manifest_wire = m.to_dict()
-                if self.plan is not None:  # the plan record carries it on the DHT
-                    self.swarm.publish_plan(PlanRecord(job_id=self.config.job_id, version=self.plan.version,
-                                                       plan=self._plan_wire(self.plan), published_at=time.time()))
+                if self.plan is not None:  # the plan record carries it on the DHT (else: at the next re-publish)
+                    try:
+                        self.swarm.publish_plan(PlanRecord(job_id=self.config.job_id, version=self.plan.version,
+                                                           plan=self._plan_wire(self.plan), published_at=time.time()))
+                    except GeotrainError as e:
+                        logger.info("publishing manifest step %d with the plan failed: %s", m.step, e)
             self._event("manifest", path=str(path), step=m.step, round=m.round,
                         shards=[{"blocks": [sh.start, sh.end], "holders": sh.holders} for sh in m.shards])
 
