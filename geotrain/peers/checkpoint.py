@@ -23,14 +23,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from geotrain.data.disk import write_atomic
 from geotrain.errors import CheckpointError, CheckpointWriteError
 from geotrain.peers.state import StageState, block_of
 
@@ -44,22 +43,9 @@ def step_dir(root: Path, step: int) -> Path:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
+    """``geotrain.data.disk.write_atomic`` (temp file, fsync, rename, directory fsync) into a created directory."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    write_atomic(path, data)
 
 
 def save_group(root: Path, state: StageState, *, start: int, end: int) -> Path:
