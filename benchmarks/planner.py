@@ -12,8 +12,8 @@ final line with the issue's targets:
 - 64 peers planned in < 15 s, 1,000 peers in < 60 s;
 - on the heterogeneous-price scenario the cost objective cuts USD per 1M
   tokens >= 30% against the throughput objective at <= 10% fewer tokens/s
-  (plain ``cost``, and ``cost=0.1``: the cheapest per token within 10% of the
-  fastest plan);
+  (plain ``cost``, which is ``cost=0.1``: the cheapest per token within 10% of
+  the fastest plan; ``cost=1``, the cheapest at any speed, is printed beside it);
 - on the heterogeneous mix (``heterogeneous_mix.json``) per-pipeline splits
   make >= 1.2x the ``uniform_split`` baseline's tokens/s (``uniform_split_gain``,
   printed for every scenario), and the simulator plays the chosen plan within
@@ -83,8 +83,10 @@ def generated(count: int, args: argparse.Namespace) -> dict[str, Any]:
         except InfeasiblePlanError:
             continue
         kind = res.objective.kind
-        # the classic baselines; uniform_split is our own search with one split
-        base = [_value(kind, p) for k, p in res.baselines.items() if p is not None and k != "uniform_split"]
+        # the classic baselines; uniform_split is our own search with one split. A baseline that breaks the
+        # objective's bound (``cost`` keeps within 10% of the fastest plan) is no plan for it
+        base = [_value(kind, p) for k, p in res.baselines.items()
+                if p is not None and k != "uniform_split" and res.objective.violation(p) == 0]
         if not base:
             continue
         planned += 1
@@ -183,13 +185,14 @@ def main(argv: list[str] | None = None) -> int:
     cheap = run_one("heterogeneous_price", hetero, "cost", args)
     cut = 1 - cheap.predicted.usd_per_mtok / fast.predicted.usd_per_mtok
     slower = 1 - cheap.predicted.tokens_per_s / fast.predicted.tokens_per_s
-    bounded = run_one("heterogeneous_price", hetero, "cost=0.1", args)
-    cut_b = 1 - bounded.predicted.usd_per_mtok / fast.predicted.usd_per_mtok
-    slower_b = 1 - bounded.predicted.tokens_per_s / fast.predicted.tokens_per_s
+    # the cheapest tokens at any speed: the spot V100s alone, for comparison
+    anyspeed = run_one("heterogeneous_price", hetero, "cost=1", args)
+    cut_1 = 1 - anyspeed.predicted.usd_per_mtok / fast.predicted.usd_per_mtok
+    slower_1 = 1 - anyspeed.predicted.tokens_per_s / fast.predicted.tokens_per_s
     _emit({"scenario": "heterogeneous_price", "summary": True, "cost_vs_throughput_usd_per_mtok_cut": round(cut, 4),
            "cost_vs_throughput_tokens_per_s_loss": round(slower, 4),
-           "cost_0.1_vs_throughput_usd_per_mtok_cut": round(cut_b, 4),
-           "cost_0.1_vs_throughput_tokens_per_s_loss": round(slower_b, 4)})
+           "cost_1_vs_throughput_usd_per_mtok_cut": round(cut_1, 4),
+           "cost_1_vs_throughput_tokens_per_s_loss": round(slower_1, 4)})
 
     mix = heterogeneous_mix()
     mixed = run_one("heterogeneous_mix", mix, "throughput", args)
@@ -214,8 +217,7 @@ def main(argv: list[str] | None = None) -> int:
            "mix_uniform_split_gain": mix_gain, "mix_gain_ge_1.2": mix_gain is not None and mix_gain >= 1.2,
            "mix_simulated_over_predicted": mix_sim["simulated_over_predicted"],
            "mix_simulated_within_15pct": mix_sim["within_15pct"],
-           "hetero_cut_ge_30pct": cut >= 0.30, "hetero_loss_le_10pct": slower <= 0.10,
-           "hetero_cost_0.1_cut_ge_30pct": cut_b >= 0.30, "hetero_cost_0.1_loss_le_10pct": slower_b <= 0.10})
+           "hetero_cut_ge_30pct": cut >= 0.30, "hetero_loss_le_10pct": slower <= 0.10})
     return 0
 
 

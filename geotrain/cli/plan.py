@@ -23,7 +23,9 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--objective",
         default=None,
-        help='override job.objective: throughput, cost, max_usd_per_hour=X, min_tokens_per_s=Y or JSON',
+        help=('override job.objective: throughput; cost (the cheapest per token within 10%% of the fastest '
+              'plan, = cost=0.1); cost=S (within a fraction S); cost=1 (the cheapest at any speed); '
+              'max_usd_per_hour=X; min_tokens_per_s=Y; or JSON'),
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--seed", type=int, default=0, help="seed of the heuristic and the baselines")

@@ -3,13 +3,19 @@
 An *objective* is one of:
 
 - ``"throughput"``: most tokens/s (ties: lower USD per 1M tokens);
-- ``"cost"``: lowest USD per 1M tokens, where near-ties go to the faster plan:
-  10x the tokens/s is worth 2% of the price per token (2x: 0.6%), so a flat
-  price curve scales out instead of halving speed to save a rounding error;
 - ``{"cost": s}`` (``cost=0.1``): lowest USD per 1M tokens among the plans at
   most a fraction ``s`` slower than the fastest plan the search finds
   (``0 < s < 1``): cheap tokens without giving up more than ``s`` of the speed,
   and never a degenerate answer such as a free peer alone;
+- ``"cost"``: ``cost=0.1`` (:data:`DEFAULT_COST_SLOWDOWN`). The cheapest tokens
+  at any speed are often a plan much slower than the fastest (the cheap peers
+  alone, the dear ones left out: 20% fewer tokens/s on
+  ``heterogeneous_price.json``), which is rarely what "cheap" meant;
+- ``{"cost": 1}`` (``cost=1``): lowest USD per 1M tokens at any speed (a
+  slowdown of up to 100%). Near-ties go to the faster plan: 10x the tokens/s is
+  worth 2% of the price per token (2x: 0.6%), so a flat price curve scales out
+  instead of halving speed to save a rounding error; a swarm with free peers
+  gets the fastest free plan;
 - ``{"max_usd_per_hour": X}``: most tokens/s while the swarm costs at most X USD/hour;
 - ``{"min_tokens_per_s": Y}``: the cheapest plan (lowest USD/hour) making at least Y tokens/s; of
   plans at the same price per hour the faster wins. (Per 1M tokens, a swarm that scales linearly
@@ -35,6 +41,8 @@ KINDS = ("throughput", "cost", "max_usd_per_hour", "min_tokens_per_s")
 _PENALTY = 1e12
 # The cost objective minimises usd_per_mtok * (1 - COST_SPEED_TRADE * log10(tokens/s)).
 COST_SPEED_TRADE = 0.02
+# ``"cost"`` alone: the cheapest per token among plans at most this fraction slower than the fastest
+DEFAULT_COST_SLOWDOWN = 0.1
 
 
 class _Figures(Protocol):
@@ -61,11 +69,19 @@ class Objective:
         constrained = self.kind in ("max_usd_per_hour", "min_tokens_per_s")
         if constrained and (self.value is None or not self.value > 0):
             raise ConfigError(f"objective {self.kind} needs a positive bound, e.g. {{{self.kind!r}: 40}}")
-        if self.kind == "cost" and self.value is not None and not 0 < self.value < 1:
-            raise ConfigError(f"objective cost takes the slowdown it may give up, 0 < s < 1 (e.g. cost=0.1); "
-                              f"got {self.value}")
+        if self.kind == "cost" and self.value is not None and not 0 < self.value <= 1:
+            raise ConfigError(f"objective cost takes the slowdown it may give up, 0 < s <= 1 (e.g. cost=0.1; "
+                              f"cost=1: the cheapest tokens at any speed); got {self.value}")
         if not constrained and self.kind != "cost" and self.value is not None:
             raise ConfigError(f"objective {self.kind!r} takes no bound; got {self.value}")
+
+    @property
+    def slowdown(self) -> float | None:
+        """For ``cost``: the fraction of the fastest plan's tokens/s it may give up (``"cost"`` alone:
+        :data:`DEFAULT_COST_SLOWDOWN`; 1: any); None for the other kinds."""
+        if self.kind != "cost":
+            return None
+        return DEFAULT_COST_SLOWDOWN if self.value is None else self.value
 
     @classmethod
     def parse(cls, raw: Any) -> Objective:

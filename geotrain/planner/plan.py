@@ -32,6 +32,7 @@ from geotrain.planner.search import (
 logger = logging.getLogger(__name__)
 
 BASELINES = ("random", "round_robin", "greedy_region", "genetic")
+CHEAPEST = Objective(kind="cost", value=1.0)  # the cheapest tokens at any speed: a steer for bounded searches
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,15 +178,17 @@ def plan(
     ids = sorted(p.id for p in scenario.peers)
     exact = exhaustive_size(cm, len(ids)) <= exact_limit
     top: Candidate | None = None
-    if obj.kind == "cost" and obj.value is not None:
-        # a slowdown bound: find the fastest plan first, then the cheapest per token within the bound
+    slowdown = obj.slowdown
+    if slowdown is not None and slowdown < 1:
+        # a slowdown bound ("cost" alone: 10%): find the fastest plan first, then the cheapest per token
+        # within the bound
         fast = Scorer(cm, Objective(kind="throughput"))
         top = exhaustive(fast, ids) if exact else heuristic(fast, ids, seed=seed, time_budget_s=time_budget_s / 3,
                                                             moves=moves)
         if top is not None and not exact:
             top = add_pipelines(fast, top, ids)  # the fastest plan as the throughput objective finds it
         if top is not None:
-            obj = dataclasses.replace(obj, floor_tokens_per_s=(1.0 - obj.value) * top.prediction.tokens_per_s)
+            obj = dataclasses.replace(obj, floor_tokens_per_s=(1.0 - slowdown) * top.prediction.tokens_per_s)
             scenario = dataclasses.replace(scenario, job=dataclasses.replace(scenario.job, objective=obj))
             cm = CostModel(scenario)
     score = Scorer(cm, obj)
@@ -197,7 +200,7 @@ def plan(
     elif obj.floor_tokens_per_s is not None:
         method = "heuristic"
         heuristic(score, ids, seed=seed, time_budget_s=time_budget_s / 3, moves=moves)
-        cheapest = heuristic(Scorer(cm, Objective(kind="cost"), shared=score), ids, seed=seed,
+        cheapest = heuristic(Scorer(cm, CHEAPEST, shared=score), ids, seed=seed,
                              time_budget_s=time_budget_s / 3, moves=moves)
         if cheapest is not None:
             # the cheapest tokens plus as few extra pipelines as the bound needs
@@ -209,7 +212,7 @@ def plan(
         method = "heuristic"
         third = time_budget_s / 3
         heuristic(score, ids, seed=seed, time_budget_s=third, moves=moves)
-        for steer in (Objective(kind="throughput"), Objective(kind="cost")):
+        for steer in (Objective(kind="throughput"), CHEAPEST):
             heuristic(Scorer(cm, steer, shared=score), ids, seed=seed, time_budget_s=third, moves=moves)
         found = score.incumbent
     else:
@@ -329,6 +332,6 @@ def _notes(sc: Scenario, obj: Objective, pred: Prediction, best: Candidate) -> t
             f"degenerate cost answer: the plan's {n} peer(s) cost 0 USD/hour, so it costs 0 USD per 1M tokens "
             "and no plan can be cheaper; the cost objective then only picks the fastest free plan. "
             'For a budget use {"max_usd_per_hour": X} (most tokens/s under X USD/hour) or '
-            '{"min_tokens_per_s": Y}'
+            '{"min_tokens_per_s": Y}' + ('; "cost" alone keeps within 10% of the fastest plan' if obj.slowdown == 1 else "")
         )
     return tuple(notes)

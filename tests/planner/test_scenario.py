@@ -115,5 +115,9 @@ def test_cost_objective_takes_a_slowdown_bound():
     from geotrain.planner import Objective
 
     assert Objective.parse("cost=0.1") == Objective(kind="cost", value=0.1)
-    with pytest.raises(ConfigError, match="0 < s < 1"):
-        Objective.parse({"cost": 2})
+    # "cost" alone is cost=0.1; cost=1 gives up any speed (the cheapest tokens at any speed)
+    assert Objective.parse("cost").slowdown == 0.1 and Objective.parse("cost=1").slowdown == 1.0
+    assert Objective.parse("throughput").slowdown is None
+    for bad in ({"cost": 2}, "cost=0", "cost=inf"):
+        with pytest.raises(ConfigError, match="0 < s <= 1"):
+            Objective.parse(bad)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from geotrain.errors import InfeasiblePlanError
 from geotrain.planner import Scenario, plan
 from tests.planner.helpers import layer, link, peer, scenario
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "scenarios"
 
 # 4 layers of 1e9 parameter bytes: 0.5e9 bf16 params x 20 B of training state = 10 GB per layer
 HEAVY = [layer(flops=1e9, params=1_000_000_000, act=100_000) for _ in range(4)]
@@ -64,12 +69,23 @@ def test_throughput_avoids_the_cheap_slow_region():
     assert r.spares == ["c0", "c1"]
 
 
-def test_cost_prefers_the_cheap_slow_region():
+def test_cost_at_any_speed_prefers_the_cheap_slow_region():
     fast = plan(_cheap_and_fast(), objective="throughput")
-    r = plan(_cheap_and_fast(), objective="cost")
+    r = plan(_cheap_and_fast(), objective="cost=1")
     assert _layers(r) == [[("c0", [0, 4])], [("c1", [0, 4])]]
     assert r.spares == ["f0", "f1"]
     assert r.predicted.usd_per_mtok < fast.predicted.usd_per_mtok / 1.9  # 50 vs 25 TFLOP/s per USD/hour
+
+
+def test_cost_alone_keeps_within_ten_percent_of_the_fastest():
+    """The cheap region makes half the fast one's tokens/s, so plain ``cost`` (= cost=0.1) may not take it
+    alone; the cheapest plan within 10% of the fastest is the fastest plan, or it plus cheap peers."""
+    fast = plan(_cheap_and_fast(), objective="throughput").predicted
+    r = plan(_cheap_and_fast(), objective="cost")
+    bounded = plan(_cheap_and_fast(), objective="cost=0.1")
+    assert r.predicted.tokens_per_s >= 0.9 * fast.tokens_per_s * (1 - 1e-9)
+    assert r.predicted.usd_per_mtok <= fast.usd_per_mtok * (1 + 1e-9)
+    assert _layers(r) == _layers(bounded) and r.predicted == bounded.predicted
 
 
 def test_budget_cap_and_throughput_floor():
@@ -116,3 +132,18 @@ def test_fixed_shape_is_respected():
     r = plan(sc)
     assert len(r.pipelines) == 2 and all(len(p) == 2 for p in r.pipelines)
     assert len(r.spares) == 2
+
+
+def test_cost_on_heterogeneous_price_meets_issue_targets():
+    """Spot V100s and 8x dearer A100s: ``cost`` cuts USD per 1M tokens >= 30% at <= 10% fewer tokens/s.
+
+    The cheapest tokens at any speed (``cost=1``) are the spot V100s alone, 20% slower than the
+    fastest plan; every plan within 10% of it needs A100s, which cost more per token than the V100s.
+    """
+    sc = Scenario.from_dict(json.loads((EXAMPLES / "heterogeneous_price.json").read_text()))
+    fast = plan(sc, objective="throughput", baselines=False).predicted
+    cheap = plan(sc, objective="cost", baselines=False).predicted
+    assert cheap.usd_per_mtok <= 0.7 * fast.usd_per_mtok
+    assert cheap.tokens_per_s >= 0.9 * fast.tokens_per_s * (1 - 1e-9)
+    anyspeed = plan(sc, objective="cost=1", baselines=False).predicted
+    assert anyspeed.usd_per_mtok <= cheap.usd_per_mtok and anyspeed.tokens_per_s < cheap.tokens_per_s
