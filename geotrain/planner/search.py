@@ -381,6 +381,47 @@ def pack_columns(cm: CostModel, chosen: Sequence[str], S: int, P: int) -> Grid:
     return tuple(tuple(cols[s][p] for s in range(S)) for p in range(P))
 
 
+def pack_regions(cm: CostModel, order: Sequence[str], S: int, P: int) -> Grid:
+    """Whole pipelines inside regions, chosen from every peer in ``order``, the fastest pipelines first.
+
+    :func:`pack` fills pipelines from the first S x P peers of an order, so on a swarm of
+    equally fast peers spread over uneven regions the peers it takes are scattered (the order
+    breaks speed ties by id) and most pipelines chain several cities; where the round trip of
+    a pipeline sets its pace (short stages, a long RTT between cities) each such pipeline
+    runs at the slowest link's latency. Here every region first offers all the whole pipelines
+    its peers make (peers in ``order`` inside a region), the P with the most FLOP/s are taken,
+    and only the pipelines still missing are chained from the regions' leftovers along
+    :func:`_region_path`, nearest regions together.
+    """
+    peers = cm.sc._peer
+    by_region: dict[str, list[str]] = {}
+    for q in order:
+        by_region.setdefault(peers[q].region, []).append(q)
+    rows: list[tuple[str, ...]] = []
+    left: dict[str, list[str]] = {}
+    for r, qs in by_region.items():
+        full = len(qs) // S
+        rows.extend(tuple(qs[i * S:(i + 1) * S]) for i in range(full))
+        if len(qs) % S:
+            left[r] = qs[full * S:]
+    rows.sort(key=lambda row: (-sum(peers[q].flops for q in row), row))
+    rows = rows[:P]
+    if len(rows) < P and left:
+        chain = [q for r in _region_path(cm, list(left)) for q in left[r]]
+        rows.extend(tuple(chain[i * S:(i + 1) * S]) for i in range(min(P - len(rows), len(chain) // S)))
+    # fastest first inside a row's region runs, as :func:`pack` does, so columns gather like speeds
+    out = []
+    for row in rows:
+        runs: list[list[str]] = []
+        for q in row:
+            if runs and peers[runs[-1][0]].region == peers[q].region:
+                runs[-1].append(q)
+            else:
+                runs.append([q])
+        out.append(tuple(q for run in runs for q in sorted(run, key=lambda x: (-peers[x].flops, x))))
+    return tuple(out)
+
+
 def pack_speed_columns(cm: CostModel, chosen: Sequence[str], S: int, P: int) -> Grid:
     """Stage groups of like peers: the fastest P form one column, the next P the next, and so on.
 
@@ -595,6 +636,7 @@ def heuristic(score: Scorer, peer_ids: Sequence[str], *, seed: int = 0, time_bud
             starts = [pack(cm, order[:S * P], S, P, by=by) for order in s_orders
                       for by in (("flops", "memory") if small else ("flops",))]
             starts += [pack_columns(cm, order[:S * P], S, P) for order in s_orders[:2]]
+            starts += [pack_regions(cm, order, S, P) for order in s_orders[:2]]
             if mixed_speeds:
                 starts += [pack_speed_columns(cm, order[:S * P], S, P) for order in s_orders[:2]]
             mixed = interleave(cm, s_orders[0][:S * P], S, P)

@@ -76,3 +76,38 @@ def test_uneven_swarm_keeps_stage_groups_in_regions():
     assert r.predicted.tokens_per_s > 30_000
     regions_per_group = [len({sc.peer(pipe[s].peer).region for pipe in r.pipelines}) for s in range(8)]
     assert sum(regions_per_group) / 8 <= 2.5
+
+
+def test_search_keeps_pipelines_in_regions_where_round_trips_set_the_pace():
+    """Generated seed 12: 34 T4/RTX 4090 peers in 5 cities, fixed 5 x 6, short stages (8 blocks, 512 tokens).
+
+    A pipeline's round trip sets its pace there, so one hop across cities (233 ms Frankfurt-Tokyo)
+    slows it several times. Packing the first 30 peers of a speed order took the 4090s of every city
+    and chained them into six pipelines over two or three cities each: 20,029 tokens/s, the genetic
+    baseline's 46,152 chosen instead. Whole pipelines are now also picked inside regions from every peer
+    (``pack_regions``), and the search's own answer is the best plan.
+    """
+    sc = Scenario.from_dict(random_scenario(12))
+    r = plan(sc, genetic=QUICK_GA, time_budget_s=10)
+    assert r.search_predicted is not None and r.baselines["genetic"] is not None
+    assert r.search_predicted.tokens_per_s >= r.baselines["genetic"].tokens_per_s / 1.1
+    assert r.chosen_from == "search" and r.predicted.tokens_per_s > 40_000
+    regions = [len({sc.peer(st.peer).region for st in pipe}) for pipe in r.pipelines]
+    assert sum(regions) <= len(r.pipelines) + 1, regions  # at most one pipeline spans two cities
+
+
+def test_pack_regions_takes_whole_pipelines_inside_regions_from_every_peer():
+    from geotrain.planner.search import pack_regions
+
+    # speed ties broken by id scatter the first S x P peers over the regions; pack_regions does not
+    d = random_scenario(12)
+    sc = Scenario.from_dict(d)
+    cm = CostModel(sc)
+    order = sorted((p.id for p in sc.peers), key=lambda q: (-sc.peer(q).flops, q))
+    grid = pack_regions(cm, order, 5, 6)
+    assert len(grid) == 6 and all(len(row) == 5 for row in grid)
+    assert len({q for row in grid for q in row}) == 30
+    inside = [row for row in grid if len({sc.peer(q).region for q in row}) == 1]
+    # tokyo (15 peers) and frankfurt (10) hold five whole pipelines; the sixth is chained from the leftovers
+    assert len(inside) == 5
+    assert {sc.peer(row[0]).region for row in inside} == {"tokyo", "frankfurt"}
