@@ -56,3 +56,34 @@ def test_heterogeneous_mix_runs_small_cards_in_longer_pipelines():
     assert evaluate(sc, r.pipelines).tokens_per_s == pytest.approx(r.predicted.tokens_per_s, rel=1e-12)
     js = r.to_json()
     assert set(js["baselines"]) >= {"uniform_split"} and len(js["stage_memory_gb"]) == len(r.pipelines)
+
+
+def test_the_live_planner_publishes_pipelines_cut_at_different_boundaries():
+    """The coordinator's own path (``geotrain.coordinator.planning.make_plan``: DHT records -> scenario ->
+    planner -> ``JobPlan``) on records of unlike peers, as ``_two_pipelines``: f0 fast and large, t0 fast
+    with room for a quarter of the model, s0 and s1 slow. The plan it would publish cuts its two pipelines
+    apart, and its stage groups are the block segments the runtime syncs (``tests/peers/test_mixed_splits.py``
+    runs such a plan)."""
+    import time
+
+    from geotrain.config import job_from_dict
+    from geotrain.coordinator.planning import make_plan
+    from geotrain.swarm.records import LinkMeasurement, LinkRow, PeerRecord
+
+    now = time.time()
+    kinds = {"QmF0": (4e12, 10**9), "QmT0": (4e12, 20 * 10**6), "QmS0": (1e12, 10**9), "QmS1": (1e12, 10**9)}
+    peers = {p: PeerRecord(peer_id=p, region="us", device="cpu", flops=f, memory_bytes=m, usd_per_hour=1.0,
+                           endpoint="tcp://127.0.0.1:5555", version="0.1", started_at=now, heartbeat_at=now)
+             for p, (f, m) in kinds.items()}
+    links = {p: LinkRow(src=p, links={q: LinkMeasurement(bandwidth_bps=1.25e9, rtt_s=0.001, measured_at=now)
+                                      for q in kinds if q != p}) for p in kinds}
+    job = job_from_dict({"job": {"name": "mixed"}, "model": {"preset": "small"},
+                         "pipeline": {"stages": 2, "pipelines": 2, "micro_batch_size": 4, "microbatches": 16},
+                         "sync": {"every": 100}})
+    jp, out = make_plan(job, "mixed", version=1, peers=peers, links=links)
+    cuts = sorted([(s.peer, s.start, s.end) for s in pipe] for pipe in jp.pipelines)
+    assert cuts == [[("QmS0", 0, 4), ("QmS1", 4, 8)], [("QmT0", 0, 2), ("QmF0", 2, 8)]]
+    assert [(g.start, g.end, set(g.members)) for g in jp.sync_groups()] == [
+        (0, 2, {"QmS0", "QmT0"}), (2, 4, {"QmS0", "QmF0"}), (4, 8, {"QmS1", "QmF0"})]
+    # one split for both pipelines would have to fit t0's quarter of the model in its column
+    assert out["predicted"]["tokens_per_s"] >= 1.15 * out["baselines"]["uniform_split"]["tokens_per_s"]
