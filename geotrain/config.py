@@ -23,6 +23,7 @@ types and cross-field rules, and each error names the field and the fix::
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -299,22 +300,44 @@ class StopSection:
                 raise ConfigError(f"stop.{name} must be > 0; got {v}")
 
 
+def _check_remote_url(url: str) -> None:
+    """ConfigError unless ``url`` is ``PROTOCOL://PATH`` with a protocol fsspec knows (checked by name: an
+    ``s3://`` URL passes where s3fs is missing, and fails at the first upload, logged and counted)."""
+    m = re.match(r"^([a-z][a-z0-9+.-]*)://(.*)$", url)
+    if m is None or not m.group(2).strip("/"):
+        raise ConfigError(f"checkpoint.remote must be an fsspec URL like file:///srv/ckpt or s3://bucket/prefix; "
+                          f"got {url!r}")
+    import fsspec
+
+    known = fsspec.available_protocols()
+    if m.group(1) not in known:
+        raise ConfigError(f"checkpoint.remote {url!r}: unknown protocol {m.group(1)!r} (fsspec knows e.g. "
+                          f"{', '.join(p for p in ('file', 's3', 'gs', 'az', 'hdfs', 'sftp') if p in known)})")
+    if m.group(1) == "file" and not m.group(2).startswith("/"):
+        raise ConfigError(f"checkpoint.remote {url!r}: a file:// URL needs an absolute path (file:///abs/dir)")
+
+
 @dataclass(frozen=True, kw_only=True)
 class CheckpointSection:
     """``dir``: a shared directory stage groups also write to (optional); ``every_rounds``: rounds between
     checkpoints (each peer writes its own blocks into its ``--state-dir``); ``keep``: checkpoint rounds a peer
     keeps; ``allow_seed_restart``: past step 0, restart blocks no live peer holds from the seed instead of
-    stopping the job."""
+    stopping the job; ``remote``: an fsspec URL (``file:///dir``, ``s3://bucket/prefix``, ...) each stage
+    group's leader also uploads its shards to, used on resume for blocks no live peer holds
+    (:mod:`geotrain.peers.remote`)."""
 
     dir: str | None = None
     every_rounds: int = 1
     keep: int = 2
     allow_seed_restart: bool = False
+    remote: str | None = None
 
     def __post_init__(self) -> None:
         if self.every_rounds < 0 or self.keep < 1:
             raise ConfigError(f"checkpoint.every_rounds must be >= 0 and checkpoint.keep >= 1; "
                               f"got {self.every_rounds} and {self.keep}")
+        if self.remote is not None:
+            _check_remote_url(self.remote)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -251,7 +251,9 @@ class Coordinator:
     def _resume_step(self) -> int | None:
         """With ``resume``: the newest complete checkpoint's step (CheckpointError if there is none): of the
         shared ``checkpoint.dir`` when the job names one, else of the newest manifest in the report directory
-        (the peers hold the tensors)."""
+        (the peers hold the tensors), else of the DHT's copy beside a plan record, else one rebuilt from the
+        shards the peers report holding (a DHT record lives only on the nodes that stored it: when they all
+        died, the holders still know what they hold)."""
         if not self.config.resume:
             return None
         from geotrain.errors import CheckpointError
@@ -263,17 +265,23 @@ class Coordinator:
 
             m = latest_manifest(self.config.report_dir, self.config.job_id, num_blocks)
             source = str(manifest_dir(self.config.report_dir))
-            # the DHT: a node that just joined may not see every record at its first read; read again, bounded
-            deadline = time.monotonic() + min(30.0, self.job.swarm.wait_peers_s)
+            # the DHT: a node that just joined may not see every record at its first read; read again, bounded;
+            # the peers' reports once min_peers of them reported (or the DHT had its 30 s), while peers come
+            t0 = time.monotonic()
             while m is None and not self._stop.is_set():
                 m, source = self._dht_manifest(num_blocks), "dht"
-                if m is not None or time.monotonic() > deadline:
+                if m is None:
+                    from_peers, reporters = self._peers_manifest(num_blocks)
+                    if reporters >= self.job.swarm.min_peers or time.monotonic() - t0 > 30.0:
+                        m, source = from_peers, "peers"
+                if m is not None or time.monotonic() - t0 > self.job.swarm.wait_peers_s:
                     break
                 self._stop.wait(self.config.poll_s)
             if m is None:
                 raise CheckpointError(f"no checkpoint manifest of job {self.config.job_id} covering all "
                                       f"{num_blocks} blocks under {manifest_dir(self.config.report_dir)}; "
-                                      "start without --resume, or pass the report directory of the first run")
+                                      "(nor on the DHT, nor reported by a peer's state directory); start without "
+                                      "--resume, or pass the report directory of the first run")
             self._event("resume", manifest=source, step=m.step, round=m.round,
                         plan_version=m.plan_version, holders=sorted({p for sh in m.shards for p in sh.holders}))
             return m.step
@@ -453,6 +461,19 @@ class Coordinator:
                 found.append(m)
         return max(found, key=lambda m: m.step, default=None)
 
+    def _peers_manifest(self, num_blocks: int) -> tuple[Any, int]:
+        """The newest manifest the live peers' reported shards cover whole (or None), and how many peers of
+        this job reported shards."""
+        from geotrain.coordinator.manifest import ManifestBook
+
+        book = ManifestBook(self.config.job_id, num_blocks)
+        reporters = 0
+        for pid, pr in self.swarm.get_progress().items():
+            if pr.job_id == self.config.job_id and pr.shards:
+                book.add(pid, pr.plan_version, pr.shards)
+                reporters += 1
+        return book.newest(), reporters
+
     def _record_manifests(self, progress: dict[str, ProgressRecord]) -> None:
         """The peers' reported checkpoint shards: a manifest for each step they now cover whole (or anew)."""
         from geotrain.coordinator.manifest import ManifestBook, write_manifest
@@ -460,7 +481,7 @@ class Coordinator:
         if self._manifests is None:
             self._manifests = ManifestBook(self.config.job_id, self.job.model.block_model(self.job.job.seed).num_blocks)
         for pid, pr in progress.items():
-            self._manifests.add(pid, pr.plan_version, [k[6:] for k in pr.stats if k.startswith("shard:")])
+            self._manifests.add(pid, pr.plan_version, pr.shards)
         for m in self._manifests.changed():
             try:
                 path = write_manifest(self.config.report_dir, m)
@@ -468,7 +489,8 @@ class Coordinator:
                 self._event("error", message=str(e))
                 continue
             self._manifests.written(m)
-            self._last_manifest = {"path": str(path), "step": m.step, "round": m.round}
+            if self._last_manifest is None or self._last_manifest["step"] <= m.step:  # an older step rewritten
+                self._last_manifest = {"path": str(path), "step": m.step, "round": m.round}
             if self._manifest_wire is None or int(self._manifest_wire["step"]) <= m.step:
                 self._manifest_wire = m.to_dict()
                 if self.plan is not None:  # the plan record carries it on the DHT (else: at the next re-publish)

@@ -3,11 +3,13 @@
 What is a manifest? The coordinator's whole record of one peer-held
 checkpoint (:mod:`geotrain.peers.statestore`): job id, plan version, round,
 step, and for each block range the peers that wrote a shard of it with the
-SHA-256 of each shard. Peers report the shards they wrote in their progress
-records (a ``stats`` key ``shard:<round>:<step>:<start>-<end>:<sha256>`` each: the records'
-schema stays as it was, so older peers' records still pass); a step's manifest is written once the
+SHA-256 of each shard. Peers report the shards they hold in their progress
+records (the typed ``ProgressRecord.shards``, :class:`~geotrain.swarm.records.ShardReport`; an older
+peer's ``stats`` keys ``shard:...`` decode to the same); a step's manifest is written once the
 reported shards cover every block of the model, and rewritten when a holder is
-added or a shard changes (the final checkpoint after a flushed round).
+added or a shard changes (the final checkpoint after a flushed round). Peers report what their
+state directories hold before any plan too, so a coordinator that finds no manifest (its report
+directory gone, the DHT's copy lost with the nodes that stored it) rebuilds one from the live holders.
 
 It is the only thing a coordinator keeps on its disk for a job's state:
 ``<report dir>/manifests/step-NNNNNN.json``, written atomically. A fresh
@@ -28,6 +30,7 @@ from typing import Any
 from geotrain.errors import CheckpointError
 from geotrain.peers.checkpoint import _atomic_write
 from geotrain.peers.statestore import Shard
+from geotrain.swarm.records import ShardReport
 
 logger = logging.getLogger(__name__)
 
@@ -98,13 +101,10 @@ class ManifestBook:
         self._plan_version: dict[int, int] = {}
         self._written: dict[int, Manifest] = {}
 
-    def add(self, peer_id: str, plan_version: int, shards: Iterable[str]) -> None:
-        for wire in shards:
-            try:
-                sh = Shard.from_wire(self.job_id, wire)
-            except ValueError:
-                logger.info("peer %s reported a malformed shard %r; ignored", peer_id, wire)
-                continue
+    def add(self, peer_id: str, plan_version: int, shards: Iterable[ShardReport]) -> None:
+        """The shards ``peer_id`` reports holding (its progress record's ``shards``) under ``plan_version``."""
+        for report in shards:
+            sh = Shard.from_report(self.job_id, report)
             self._by_step.setdefault(sh.step, {}).setdefault((sh.start, sh.end), {})[peer_id] = sh
             self._plan_version[sh.step] = max(self._plan_version.get(sh.step, 0), plan_version)
 
@@ -128,6 +128,14 @@ class ManifestBook:
 
     def written(self, m: Manifest) -> None:
         self._written[m.step] = m
+
+    def newest(self) -> Manifest | None:
+        """The newest step's manifest among those the reports cover whole, or None."""
+        for step in sorted(self._by_step, reverse=True):
+            m = self.manifest(step)
+            if m.covers(self.num_blocks):
+                return m
+        return None
 
 
 def manifest_dir(report_dir: Path) -> Path:

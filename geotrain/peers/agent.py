@@ -424,7 +424,10 @@ class PeerAgent:
         same_job = previous is not None and previous.job_id == plan.job_id
         kept = self._last_state if self._last_state is not None and self._last_state.job_id == plan.job_id else None
         if self._store is not None:
-            self._store.keep = job.checkpoint.keep
+            try:
+                self._store.configure(keep=job.checkpoint.keep, remote=job.checkpoint.remote)
+            except GeotrainError as e:  # e.g. an s3:// remote without s3fs here: no uploads, logged
+                logger.error("checkpoint.remote not usable on this peer: %s", e)
         try:
             worker = StageWorker(
                 job,
@@ -452,7 +455,8 @@ class PeerAgent:
         p, s = plan.slot_of(self.peer_id) or (0, 0)
         self._emit({"event": "plan", "peer_id": self.peer_id, "plan_version": plan.version, "slot": [p, s],
                     "layers": list(plan.slot(p, s).layers), "start_step": start,
-                    "state": worker.state_source, "state_sha256": worker.initial_digest})
+                    "state": worker.state_source, "state_sha256": worker.initial_digest,
+                    "local_state": worker.local_restored})
         return start
 
     def _finish(self, step: int) -> None:
@@ -482,10 +486,17 @@ class PeerAgent:
             self.swarm.publish_progress(
                 ProgressRecord(peer_id=self.peer_id, job_id=job_id, plan_version=0, step=0, loss=None, tokens=0,
                                round=0, bytes_sent=0, bytes_received=0, updated_at=time.time(),
-                               status=PeerStatus.IDLE)
+                               status=PeerStatus.IDLE, shards=self._shards(job_id))
             )
         except GeotrainError as e:
             logger.info("progress not published: %s", e)
+
+    def _shards(self, job_id: str) -> list[Any]:
+        """The checkpoint shards of ``job_id`` in this peer's state directory (its manifests list them; before
+        a plan too, so a coordinator that lost every manifest rebuilds one from the holders)."""
+        if self._store is None:
+            return []
+        return [sh.report() for sh in self._store.held(job_id)[:16]]
 
     def _retire(self) -> None:
         old = self._worker
@@ -531,9 +542,6 @@ class PeerAgent:
         # inbound messages the data plane refused, by reason: hostile or broken traffic shows up here
         for reason, count in sorted(tstats.dropped.items())[:16]:
             stats[f"drop:{reason}"] = float(count)
-        if self._store is not None:  # the peer-held checkpoint shards it wrote: the coordinator's manifests list them
-            for sh in self._store.written(plan.job_id)[:6]:  # stats hold at most 64 figures in all
-                stats[f"shard:{sh.to_wire()}"] = float(sh.step)
         if lost is not None:  # blocks with no reachable holder: the coordinator stops the job, naming them
             stats["lost_round"] = float(lost.round)
             runs: list[list[int]] = []
@@ -559,6 +567,7 @@ class PeerAgent:
                     updated_at=time.time(),
                     stats=stats,
                     status=status,
+                    shards=self._shards(plan.job_id),
                 )
             )
         except GeotrainError as e:

@@ -41,32 +41,76 @@ def block_of(name: str) -> int:
     return int(parts[1])
 
 
+def local_block(key: str) -> int:
+    """Block index of a local-state key: ``a:<param name>:<what>`` (inner optimizer state of a parameter) or
+    ``e:<start>-<end>:<role>:<fragment>`` (an error-feedback residual of the stage group of blocks
+    ``[start, end)``, filed under its first block)."""
+    kind, _, rest = key.partition(":")
+    if kind == "a":
+        return block_of(rest.rpartition(":")[0])
+    if kind == "e":
+        first = rest.partition("-")[0]
+        if first.isdigit():
+            return int(first)
+    raise StateTransferError(f"local state key {key!r} is neither a:<param>:<what> nor e:<start>-<end>:<role>:<n>")
+
+
 @dataclass
 class StageState:
-    """Global parameters and outer momentum of some blocks, as of committed round ``round``."""
+    """Global parameters and outer momentum of some blocks, as of committed round ``round``.
+
+    What is *local* state? What one peer needs, beyond the group's global state, to continue its own
+    trajectory bit-identically: its error-feedback residuals (per stage group, role and fragment) and its
+    inner optimizer's moments (AdamW ``exp_avg``, ``exp_avg_sq``, ``step`` per parameter), keyed as
+    :func:`local_block` describes. It is this peer's alone, valid only at the ``slot`` = (pipeline, number
+    of pipelines, stage) it was taken at (a pipeline's data shard and its stage's gradients depend on
+    those), so it stays in this peer's own state directory: it is never sent to other peers nor taken
+    from the remote. The data position
+    needs no field: a pipeline's batch of inner step ``s`` is a pure function of (seed, pipeline,
+    pipelines, s), so ``step`` is the position.
+    """
 
     job_id: str
     round: int
     step: int
     params: dict[str, torch.Tensor]
     momentum: dict[str, torch.Tensor] = field(default_factory=dict)
+    local: dict[str, torch.Tensor] = field(default_factory=dict)
+    slot: tuple[int, int, int] | None = None
 
     def select(self, start: int, end: int) -> StageState:
         keep = lambda d: {n: t for n, t in d.items() if start <= block_of(n) < end}  # noqa: E731
-        return StageState(self.job_id, self.round, self.step, keep(self.params), keep(self.momentum))
+        local = {k: t for k, t in self.local.items() if start <= local_block(k) < end}
+        return StageState(self.job_id, self.round, self.step, keep(self.params), keep(self.momentum), local,
+                          self.slot)
 
     def merge(self, other: StageState) -> StageState:
-        """Union of two disjoint pieces (the lower round wins, conservatively)."""
+        """Union of two disjoint pieces (the lower round wins, conservatively); local state only when both
+        pieces' local state is of one slot (else it is dropped: never mix two trajectories)."""
+        if not other.local:
+            local, slot = dict(self.local), self.slot
+        elif not self.local:
+            local, slot = dict(other.local), other.slot
+        elif self.slot == other.slot:
+            local, slot = {**self.local, **other.local}, self.slot
+        else:
+            local, slot = {}, None
         return StageState(
             self.job_id,
             min(self.round, other.round),
             min(self.step, other.step),
             {**self.params, **other.params},
             {**self.momentum, **other.momentum},
+            local,
+            slot,
         )
 
     def covers(self, names: Iterable[str]) -> bool:
         return all(n in self.params for n in names)
+
+    def without_local(self) -> StageState:
+        """The group's part only (what another peer may adopt)."""
+        return StageState(self.job_id, self.round, self.step, self.params, self.momentum)
 
 
 def digest(tensors: Mapping[str, torch.Tensor]) -> tuple[str, int]:

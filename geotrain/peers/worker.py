@@ -10,18 +10,24 @@ Built when a peer adopts a plan. Where the initial (global) weights come from, i
    held these blocks in the previous plan first, then the fastest measured
    links; every reply verified by size and SHA-256; pieces gathered from several;
    on a resume only state of the resume step, served from memory or the donors' state directories;
-5. the seed, only for a fresh job (step 0: every member builds identical weights without shipping
-   them). Past step 0, blocks no reachable peer holds stop this peer with a
+5. the job's ``checkpoint.remote``, when no live peer holds them (verified like any shard);
+6. the seed, only for a fresh job (step 0: every member builds identical weights without shipping
+   them). Past step 0, blocks no reachable peer (nor the remote) holds stop this peer with a
    :class:`~geotrain.errors.StateTransferError` naming the blocks and the round, unless the job sets
    ``checkpoint.allow_seed_restart`` (then they restart from the seed, logged).
 
 Peer-held checkpoints: after every ``checkpoint.every_rounds`` rounds the worker copies its global state
 (:meth:`StageWorker.state` clones) and hands it to its store, which writes one shard per stage group on
 its own thread; ``checkpoint_s`` counts only the step thread's part (the copy, and a wait when the
-previous checkpoint is still being written).
+previous checkpoint is still being written). A checkpoint holds the group's global state and this peer's
+*local* state (:class:`~geotrain.peers.state.StageState`): its error-feedback residuals and its inner
+optimizer's moments, so a peer resumed from its own state directory at the same place in the plan
+(pipeline, number of pipelines, stage) continues bit-identically; the data position is the step itself.
+The first member of each stage group (its leader) also uploads the group's shard to ``checkpoint.remote``.
 
-Inner weights start equal to the global ones; the inner optimizer (AdamW)
-starts fresh with each plan version (its moments are local and cheap to rebuild).
+Inner weights start equal to the global ones. The inner optimizer (AdamW) starts fresh with each plan
+version of a running swarm (its moments are local and cheap to rebuild), except on a resume from this
+peer's own checkpoint at the same place, where its moments and residuals are restored.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from typing import Any
 import torch
 
 from geotrain.config import JobSpec
-from geotrain.errors import CheckpointError, StateLostError, StateTransferError
+from geotrain.errors import CheckpointError, ConfigError, StateLostError, StateTransferError
 from geotrain.models import build_stage
 from geotrain.peers.state import StageState, block_of, digest, fetch_state
 from geotrain.peers.statestore import StateStore
@@ -194,6 +200,7 @@ class StageWorker:
             self._close_syncs()  # a half-built worker must not keep its groups registered on the transport
             self.runtime.close()
             raise
+        self.local_restored = state is not None and self._restore_local(state)
         self.tokens = 0
         self.last_loss: float | None = None
         self.compute_s = 0.0
@@ -299,13 +306,22 @@ class StageWorker:
             self.state_source = "peers"
             return got
         except StateTransferError as e:
+            remote = self.store.load_remote(self.plan.job_id, want_step if want_step is not None
+                                            else self.plan.start_step, start, end) if self.store is not None else None
+            if remote is not None:
+                got = remote if own is None else own.merge(remote)
+                if got.covers(names):
+                    logger.warning("blocks [%d, %d): no live peer holds them (%s); taken from checkpoint.remote",
+                                   start, end, e)
+                    self.state_source = "remote"
+                    return got
             held = own.params if own is not None else {}
             lost = sorted({block_of(n) for n in names if n not in held})
             rnd = (want_step if want_step is not None else self.plan.start_step) // max(1, self.job.sync.every)
             if not self.job.checkpoint.allow_seed_restart:
                 raise StateLostError(
                     f"blocks {lost} of job {self.plan.job_id} have no reachable holder at round {rnd} "
-                    f"(step {self.plan.start_step}): no live peer, no state directory holds them ({e}); "
+                    f"(step {self.plan.start_step}): no live peer, no state directory, no remote holds them ({e}); "
                     "restart the peers that hold them, or set checkpoint.allow_seed_restart = true to "
                     "restart them from the seed", blocks=lost, round=rnd,
                 ) from e
@@ -313,6 +329,72 @@ class StageWorker:
             logger.warning("incomplete stage state (%s); blocks %s restart from the seed at round %d "
                            "(checkpoint.allow_seed_restart)", e, lost, rnd)
             return own
+
+    def _restore_local(self, state: StageState) -> bool:
+        """Adopt ``state``'s local part (residuals, inner optimizer moments) when it comes from this peer's own
+        state directory, was taken at this place of the plan and covers this stage whole; True if adopted.
+        Anything else starts fresh."""
+        slot = (self.pipeline, len(self.plan.pipelines), self.stage_index)
+        if self.state_source != "store" or not state.local or state.slot != slot:
+            if state.local:
+                logger.info("local state of %s not adopted here (%s): residuals and inner optimizer start fresh",
+                            state.slot, slot)
+            return False
+        named = dict(self.stage.named_parameters())
+        moments: dict[str, dict[str, torch.Tensor]] = {}
+        residuals: dict[tuple[int, int], dict[tuple[str, int], torch.Tensor]] = {}
+        for key, t in state.local.items():
+            kind, _, rest = key.partition(":")
+            if kind == "a":
+                name, _, what = rest.rpartition(":")
+                moments.setdefault(name, {})[what] = t
+            else:  # e:<start>-<end>:<role>:<fragment>
+                blocks, role, frag = rest.split(":")
+                a, b = blocks.split("-")
+                residuals.setdefault((int(a), int(b)), {})[(role, int(frag))] = t
+        # a parameter that never had a gradient has no optimizer state, here as in the run that wrote it
+        if not set(moments) <= set(named) or any(m.get("exp_avg", torch.empty(0)).shape != named[n].shape
+                                                 for n, m in moments.items()):
+            logger.info("local state does not fit this stage's parameters; inner optimizer starts fresh")
+            return False
+        by_range = {(g.start, g.end): sync for g, sync in zip(self.plan.groups_of(self.peer_id), self.syncs,
+                                                              strict=True)}
+        if residuals and set(residuals) != set(by_range):
+            logger.info("residuals of groups %s, not of this plan's %s: local state starts fresh",
+                        sorted(residuals), sorted(by_range))
+            return False
+        try:
+            for rng, res in residuals.items():
+                if rng in by_range:
+                    by_range[rng].runner.import_residuals(res)
+        except ConfigError as e:
+            logger.info("residuals not adopted (%s); they start at zero", e)
+            for sync in self.syncs:
+                sync.runner.import_residuals({})
+            return False
+        opt = self.runtime.optimizer
+        for n, m in moments.items():
+            p = named[n]
+            opt.state[p] = {k: v.to(p.device) if k != "step" else v.clone() for k, v in m.items()}
+        return True
+
+    def local_state(self) -> dict[str, torch.Tensor]:
+        """This peer's local state as checkpoint tensors (copies): residuals and inner optimizer moments.
+
+        Called on the step thread between steps (the optimizer is idle then); see :class:`StageState`."""
+        out: dict[str, torch.Tensor] = {}
+        for g, sync in zip(self.plan.groups_of(self.peer_id), self.syncs, strict=True):
+            for (role, frag), t in sync.runner.export_residuals().items():
+                out[f"e:{g.start}-{g.end}:{role}:{frag}"] = t
+        params = {id(p): n for n, p in self.stage.named_parameters()}
+        for p, st in self.runtime.optimizer.state.items():
+            name = params.get(id(p))
+            if name is None:
+                continue
+            for k, v in st.items():
+                if isinstance(v, torch.Tensor):
+                    out[f"a:{name}:{k}"] = v.detach().to("cpu", copy=True)
+        return out
 
     def _load_global(self, state: StageState) -> None:
         with torch.no_grad():
@@ -390,8 +472,12 @@ class StageWorker:
         if final and self.peer_checkpoints and self._stored_at == done and not self.job.sync.overlap:
             return  # the boundary's checkpoint already holds this state (no round was in flight)
         state = self.state(step=done)
-        ranges = [(g.start, g.end) for g in self.plan.groups_of(self.peer_id)]
-        self.store.submit(state, ranges)
+        state.local = self.local_state()
+        state.slot = (self.pipeline, len(self.plan.pipelines), self.stage_index)
+        groups = self.plan.groups_of(self.peer_id)
+        ranges = [(g.start, g.end) for g in groups]
+        leads = [(g.start, g.end) for g in groups if g.members and g.members[0] == self.peer_id]
+        self.store.submit(state, ranges, upload=leads if self.store.remote is not None else ())
         self.peer_checkpoints += 1
         self._stored_at = done
 
@@ -440,6 +526,8 @@ class StageWorker:
             "checkpoint_write_s": self.store.write_s if self.store else 0.0,
             "checkpoint_bytes": float(self.store.bytes_written) if self.store else 0.0,
             "shards_refused": float(self.store.refused) if self.store else 0.0,
+            "checkpoint_submit_wait_s": self.store.submit_wait_s if self.store else 0.0,
+            "checkpoint_uploads_failed": float(self.store.upload_failures) if self.store else 0.0,
             "cpu_s": time.process_time() - self._cpu0,
             "pipeline": float(self.pipeline),
             "stage": float(self.stage_index),

@@ -186,6 +186,23 @@ LEGACY_STATUS_CODES: dict[float, PeerStatus] = {
 }
 
 
+class ShardReport(_Record):
+    """One peer-held checkpoint shard (:mod:`geotrain.peers.statestore`): blocks ``[start, end)`` as of
+    checkpoint step ``step`` (after ``round`` rounds), and the SHA-256 of its file."""
+
+    round: Count
+    step: Count
+    start: Count
+    end: Count
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+    @model_validator(mode="after")
+    def _blocks(self) -> ShardReport:
+        if self.start >= self.end:
+            raise ValueError(f"a shard holds blocks [start, end) with start < end; got [{self.start}, {self.end})")
+        return self
+
+
 class ProgressRecord(_Record):
     """One peer's training progress, republished as it goes.
 
@@ -194,6 +211,9 @@ class ProgressRecord(_Record):
     further numeric figures (utilization, tokens/s, ...). A record of an older
     peer carries its status as a float code in ``stats["status"]`` instead (see
     :data:`LEGACY_STATUS_CODES`): it decodes to the same typed ``status``.
+    ``shards`` are the checkpoint shards the peer holds on its disk (the coordinator's manifests list
+    them); an older peer wrote each as a ``stats`` key ``shard:<round>:<step>:<start>-<end>:<sha256>``,
+    decoded into ``shards`` the same way.
     """
 
     peer_id: PeerIdStr
@@ -208,6 +228,28 @@ class ProgressRecord(_Record):
     updated_at: Seconds
     stats: Annotated[dict[str, Finite], Field(max_length=64)] = Field(default_factory=dict)
     status: PeerStatus = PeerStatus.IDLE
+    shards: Annotated[list[ShardReport], Field(max_length=16)] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_shards(cls, data: Any) -> Any:
+        """An older peer's record: its shards are ``shard:...`` keys in ``stats``; move them to ``shards``."""
+        if not isinstance(data, dict) or "shards" in data or not isinstance(data.get("stats"), dict):
+            return data
+        stats = data["stats"]
+        wires = [k[len("shard:"):] for k in stats if isinstance(k, str) and k.startswith("shard:")]
+        if not wires:
+            return data
+        shards = []
+        for w in wires:
+            parts = w.split(":")
+            blocks = parts[2].split("-") if len(parts) == 4 else []
+            if len(blocks) != 2 or not all(x.isdigit() for x in (parts[0], parts[1], *blocks)):
+                raise ValueError(f"stats key shard:{w} is not shard:<round>:<step>:<start>-<end>:<sha256>")
+            shards.append({"round": int(parts[0]), "step": int(parts[1]), "start": int(blocks[0]),
+                           "end": int(blocks[1]), "sha256": parts[3]})
+        rest = {k: v for k, v in stats.items() if not (isinstance(k, str) and k.startswith("shard:"))}
+        return {**data, "stats": rest, "shards": shards}
 
     @model_validator(mode="before")
     @classmethod
@@ -237,7 +279,8 @@ class ProgressRecord(_Record):
 
 
 #: Fields added to a kind after its first release: records without them (older peers) stay valid.
-ADDED_FIELDS: dict[str, tuple[str, ...]] = {"peers": ("endpoints", "reachable", "flops_bf16"), "progress": ("status",)}
+ADDED_FIELDS: dict[str, tuple[str, ...]] = {"peers": ("endpoints", "reachable", "flops_bf16"),
+                                            "progress": ("status", "shards")}
 
 #: The model stored under each kind of key.
 MODEL_OF_KIND: dict[str, type[_Record]] = {

@@ -153,21 +153,29 @@ def v1_model(model: type[BaseModel], *, without: tuple[str, ...] = ()) -> type:
     return _V1_CACHE[key]
 
 
-def swarm_schema(*, legacy: bool = False) -> type:
+def swarm_schema(*, legacy: bool | int = False) -> type:
     """The v1 model hivemind's SchemaValidator enforces: one field per record kind,
     each a dict from owner-keyed subkeys to that kind's record.
 
     ``legacy``: the records as older geotrain versions write them (without
-    :data:`~geotrain.swarm.records.ADDED_FIELDS`); a node accepts both shapes.
+    :data:`~geotrain.swarm.records.ADDED_FIELDS`); a node accepts every shape. ``True`` drops every added
+    field; an int ``k`` drops each kind's last ``k`` added fields (fields are added in that order, so a
+    version between two additions writes the earlier ones only).
     """
     from hivemind.dht.schema import BytesWithPublicKey
 
+    def dropped(kind: str) -> tuple[str, ...]:
+        added = ADDED_FIELDS.get(kind, ())
+        if legacy is True or (legacy is not False and legacy >= len(added)):
+            return added
+        return added[len(added) - int(legacy):] if legacy else ()
+
     fields: dict[str, Any] = {
-        kind: (dict[BytesWithPublicKey, v1_model(model, without=ADDED_FIELDS.get(kind, ()) if legacy else ())],  # type: ignore[misc]
-               None)
+        kind: (dict[BytesWithPublicKey, v1_model(model, without=dropped(kind))], None)  # type: ignore[misc]
         for kind, model in MODEL_OF_KIND.items()
     }
-    return v1.create_model("SwarmLegacySchema" if legacy else "SwarmSchema", **fields)
+    name = "SwarmSchema" if legacy is False else "SwarmLegacySchema" if legacy is True else f"SwarmLegacy{legacy}Schema"
+    return v1.create_model(name, **fields)
 
 
 def build_validators(
@@ -178,8 +186,9 @@ def build_validators(
     from hivemind.dht.schema import SchemaValidator
 
     schema = SchemaValidator(swarm_schema(), allow_extra_keys=True, prefix=swarm)
-    # a record from an older peer (without the fields added since) matches the legacy schema
-    schema.merge_with(SchemaValidator(swarm_schema(legacy=True), allow_extra_keys=True, prefix=swarm))
+    # a record from an older peer (without the fields added since) matches one of the legacy schemas
+    for k in range(1, max((len(a) for a in ADDED_FIELDS.values()), default=0) + 1):
+        schema.merge_with(SchemaValidator(swarm_schema(legacy=k), allow_extra_keys=True, prefix=swarm))
     return [
         LimitsValidator(max_value_bytes=max_value_bytes, max_depth=max_depth, max_ttl_s=max_ttl_s),
         RSASignatureValidator(private_key),

@@ -317,6 +317,28 @@ class RoundRunner:
             self.transport.discard(kind, stale)
         return outcome
 
+    # -- checkpoints: the error-feedback residuals ------------------------------------------------------
+    def export_residuals(self) -> dict[tuple[str, int], torch.Tensor]:
+        """Copies of this member's error-feedback residuals, by (role, fragment), for a checkpoint.
+
+        A residual is this member's own (what its codec dropped as a member, leader or owner), not the
+        group's: it belongs in this peer's checkpoint only. Call it between rounds (the step thread, after
+        the boundary's rounds applied); a fragment whose round is still in flight (``sync.overlap > 0``)
+        is read as it stands.
+        """
+        with self._lock:
+            return {k: v.clone() for k, v in self._residual.items()}
+
+    def import_residuals(self, residuals: dict[tuple[str, int], torch.Tensor]) -> None:
+        """Adopt residuals :meth:`export_residuals` wrote (before any round runs); a shape that does not fit
+        this group's fragments is a ConfigError and nothing is adopted."""
+        for (role, frag), t in residuals.items():
+            if not 0 <= frag < len(self.numels) or t.numel() != self.numels[frag]:
+                raise ConfigError(f"residual {role}/{frag} of {t.numel()} values does not fit this group's "
+                                  f"fragments ({self.numels})")
+        with self._lock:
+            self._residual = {k: t.detach().reshape(-1).float().clone() for k, t in residuals.items()}
+
     # -- helpers used by _Round ----------------------------------------------------------------------
     def residual(self, role: str, fragment: int) -> torch.Tensor | None:
         if not self.config.error_feedback:

@@ -47,10 +47,10 @@ def test_killed_mid_save_resumes_from_the_last_complete_step(children: ChildGrou
     w.wait_event("ready", 60)
     assert w.wait_event("writing", 60)["blocks"] == [0, 2]
     assert w.wait_event("writing", 60)["blocks"] == [2, 4]
-    # the big entry is being written (torch.save into memory first, then the temporary file): cut it there
+    # the big entry is being written (serialised in memory first, then the temporary file): cut it there
     d = checkpoint.step_dir(root, 20)
     deadline = time.monotonic() + 60
-    while not any(d.glob(".b2-4.pt.*")) and time.monotonic() < deadline:
+    while not any(d.glob(".b2-4.safetensors.*")) and time.monotonic() < deadline:
         time.sleep(0.002)  # polling a file system, not waiting to assert
     children.kill(w, signal.SIGKILL)
     assert not (d / "b2-4.json").exists(), "the write finished before the kill; raise --mib"
@@ -68,7 +68,7 @@ def test_file_size_limit_mid_save_resumes_from_the_last_complete_step(children: 
     assert w.proc.wait(timeout=30) == 1
     d = checkpoint.step_dir(root, 20)
     assert (d / "b0-2.json").exists() and not (d / "b2-4.json").exists()
-    assert not list(d.glob(".b2-4.pt.*"))  # the cut temporary file was cleaned up
+    assert not list(d.glob(".b2-4.safetensors.*"))  # the cut temporary file was cleaned up
     _assert_resumes_at_10(root)
 
 
@@ -76,11 +76,11 @@ def test_a_truncated_or_altered_entry_is_not_complete(tmp_path: Path) -> None:
     root = tmp_path / "ckpt"
     _save_complete(root, 10)
     _save_complete(root, 20)
-    pt = checkpoint.step_dir(root, 20) / "b2-4.pt"
+    pt = checkpoint.step_dir(root, 20) / "b2-4.safetensors"
     pt.write_bytes(pt.read_bytes()[:-100])  # truncated after the manifest was written
     _assert_resumes_at_10(root)
     _save_complete(root, 30)
-    pt = checkpoint.step_dir(root, 30) / "b0-2.pt"
+    pt = checkpoint.step_dir(root, 30) / "b0-2.safetensors"
     data = bytearray(pt.read_bytes())
     data[len(data) // 2] ^= 0xFF
     pt.write_bytes(bytes(data))
