@@ -126,6 +126,8 @@ class StateStore:
         self.bytes_written = 0
         self.bytes_uploaded = 0
         self._lock = threading.Lock()
+        self._scan_lock = threading.Lock()
+        self._scanned: set[str] = set()  # jobs whose directory held() has read
         self._held: dict[str, dict[tuple[int, int, int], Shard]] = {}  # job -> (step, start, end) -> shard
         self._queue: queue.Queue[tuple[StageState, list[tuple[int, int]], list[tuple[int, int]]] | None] = (
             queue.Queue(maxsize=1)
@@ -259,23 +261,31 @@ class StateStore:
         The first call for a job reads and verifies what is on disk (a directory a peer was restarted on);
         later calls see what :meth:`save` wrote and pruning left.
         """
-        with self._lock:
-            known = job_id in self._held
-        if not known:
-            found: dict[tuple[int, int, int], Shard] = {}
-            for step in self.steps(job_id)[: self.keep]:
-                d = checkpoint.step_dir(self.job_dir(job_id), step)
-                for mf in sorted(d.glob("b*-*.json")):
-                    m = self._verified(mf, job_id, step, None)
-                    if m is not None:
-                        a, b = m["blocks"]
-                        found[(step, a, b)] = Shard(job_id, int(m["round"]), step, a, b, str(m["sha256"]),
-                                                    int(m["nbytes"]))
-            with self._lock:
-                found.update(self._held.get(job_id, {}))  # a write that raced the scan wins
-                self._held[job_id] = found
+        with self._scan_lock:  # one scan per job, whichever thread asks first
+            self._scan(job_id)
         with self._lock:
             return [self._held[job_id][k] for k in sorted(self._held[job_id], key=lambda k: (-k[0], k[1], k[2]))]
+
+    def _scan(self, job_id: str) -> None:
+        """Index the verified shards of ``job_id`` on disk, once (the caller holds ``_scan_lock``)."""
+        if job_id in self._scanned:
+            return
+        found: dict[tuple[int, int, int], Shard] = {}
+        for step in self.steps(job_id)[: self.keep]:
+            d = checkpoint.step_dir(self.job_dir(job_id), step)
+            for mf in sorted(d.glob("b*-*.json")):
+                m = self._verified(mf, job_id, step, None)
+                if m is not None:
+                    a, b = m["blocks"]
+                    found[(step, a, b)] = Shard(job_id, int(m["round"]), step, a, b, str(m["sha256"]),
+                                                int(m["nbytes"]))
+        kept = set(self.steps(job_id)[: self.keep])  # pruning may have run meanwhile
+        with self._lock:
+            held = self._held.setdefault(job_id, {})
+            for key, sh in found.items():
+                if key[0] in kept:
+                    held.setdefault(key, sh)  # a shard written meanwhile wins
+        self._scanned.add(job_id)
 
     # -- reading ----------------------------------------------------------------------------------
     def steps(self, job_id: str) -> list[int]:

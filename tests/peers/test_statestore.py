@@ -151,6 +151,9 @@ def test_held_reports_what_a_restarted_peer_finds_on_disk(tmp_path: Path) -> Non
     assert fresh.refused == 1 and [(s.step, s.start) for s in fresh.written("job")] == [(10, 0), (10, 2)]
     fresh.save(state(15), [(0, 2)])  # keep=2: step 5 is pruned from the disk and from what is reported
     assert [(s.step, s.start) for s in fresh.held("job")] == [(15, 0), (10, 0), (10, 2)]
+    late = StateStore(tmp_path)  # a write before the first report does not hide what was on disk already
+    late.save(state(20), [(2, 4)])
+    assert [(s.step, s.start) for s in late.held("job")] == [(20, 2), (15, 0)]
 
 
 def test_progress_record_carries_typed_shards_and_reads_older_ones() -> None:
