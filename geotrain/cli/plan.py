@@ -73,7 +73,9 @@ def _render(sc: Any, result: Any) -> None:
     console = Console()
     pred = result.predicted
     source = "" if result.chosen_from == "search" else f", taken from the {result.chosen_from} baseline"
-    t = Table(title=f"plan ({result.method} search{source}, objective {json.dumps(result.objective.to_json())}, "
+    floor = result.objective.floor_tokens_per_s
+    bound = "" if floor is None else f" (at least {floor:,.0f} tokens/s: within {result.objective.slowdown:.0%} of the fastest)"
+    t = Table(title=f"plan ({result.method} search{source}, objective {json.dumps(result.objective.to_json())}{bound}, "
                     f"{result.solve_s:.2f} s)")
     for col in ("pipeline", "stage", "peer", "region", "layers [start, end)", "memory GB (need / has)",
                 "utilisation"):

@@ -92,6 +92,9 @@ class PlanResult:
             },
             "baselines": {k: (None if v is None else v.to_json()) for k, v in self.baselines.items()},
             "baseline_reasons": {k: self.baseline_reasons.get(k, "") for k, v in self.baselines.items() if v is None},
+            # the objective as given; ``floor_tokens_per_s``: the speed a ``cost`` plan had to keep (null otherwise)
+            "objective": self.objective.to_json(),
+            "floor_tokens_per_s": self.objective.floor_tokens_per_s,
             "method": self.method,
             "chosen_from": self.chosen_from,
             "notes": list(self.notes),

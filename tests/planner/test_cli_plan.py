@@ -16,7 +16,8 @@ def test_json_shape_carries_what_the_table_shows(capsys):
     assert main(["plan", "--scenario", str(EXAMPLES / "demo.json"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out) == {"plan", "predicted", "baselines", "baseline_reasons", "method", "chosen_from", "notes",
-                        "stage_memory_gb", "spare_reasons", "solve_s"}
+                        "stage_memory_gb", "spare_reasons", "solve_s", "objective", "floor_tokens_per_s"}
+    assert out["objective"] == "throughput" and out["floor_tokens_per_s"] is None
     assert set(out["plan"]) == {"pipelines", "spares"}
     keys = {"tokens_per_s", "usd_per_hour", "usd_per_mtok", "step_s", "cross_region_bytes_per_step"}
     table = {"bottleneck", "utilisation", "pipeline_step_s", "round_s", "round_sync_s", "exposed_sync_s"}
@@ -33,6 +34,22 @@ def test_json_shape_carries_what_the_table_shows(capsys):
         assert pipe[0]["layers"][0] == 0 and pipe[-1]["layers"][1] == 26
         assert all(set(st) == {"peer", "layers"} for st in pipe)
         assert len(mem) == len(pipe) and all(0 < m["need"] <= m["have"] for m in mem)
+
+
+def test_cost_output_names_the_speed_it_kept(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    path = str(EXAMPLES / "heterogeneous_price.json")
+    assert main(["plan", "--scenario", path, "--json", "--no-baselines"]) == 0
+    fastest = json.loads(capsys.readouterr().out)["predicted"]["tokens_per_s"]
+    assert main(["plan", "--scenario", path, "--json", "--no-baselines", "--objective", "cost"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["objective"] == "cost" and out["floor_tokens_per_s"] == pytest.approx(0.9 * fastest)
+    assert out["predicted"]["tokens_per_s"] >= out["floor_tokens_per_s"]
+    assert main(["plan", "--scenario", path, "--no-baselines", "--objective", "cost"]) == 0
+    assert "within 10% of the fastest" in capsys.readouterr().out
+    assert main(["plan", "--scenario", path, "--json", "--no-baselines", "--objective", "cost=1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["objective"] == {"cost": 1.0} and out["floor_tokens_per_s"] is None
 
 
 def test_human_tables(capsys, monkeypatch):
