@@ -18,6 +18,11 @@ def test_planner_benchmark_smoke(capsys):
     assert targets["targets"] is True and targets["large_solve_s"] is not None
     assert targets["generated_scenarios"] >= 1 and targets["generated_worst_ours_over_best_baseline"] <= 1 + 1e-9
     assert any(x["scenario"] == "generated_uneven64" for x in lines)
+    assert "generated_no_baseline_meets_objective" in targets
+    price = next(x for x in lines if "cost_vs_throughput_usd_per_mtok_cut" in x)
+    # plain cost keeps within 10% of the fastest plan; cost=1 (the cheapest at any speed) is reported beside it
+    assert price["cost_vs_throughput_tokens_per_s_loss"] <= 0.1 + 1e-9
+    assert "cost_1_vs_throughput_tokens_per_s_loss" in price
     assert targets["mix_uniform_split_gain"] >= 1.2 and targets["mix_simulated_within_15pct"] is True
     assert all(x["ours_over_genetic_cost"] is None or x["ours_over_genetic_cost"] > 0 for x in lines if x.get("summary")
                and "ours_over_genetic_cost" in x)
