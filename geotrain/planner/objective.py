@@ -5,8 +5,8 @@ An *objective* is one of:
 - ``"throughput"``: most tokens/s (ties: lower USD per 1M tokens);
 - ``{"cost": s}`` (``cost=0.1``): lowest USD per 1M tokens among the plans at
   most a fraction ``s`` slower than the fastest plan the search finds
-  (``0 < s < 1``): cheap tokens without giving up more than ``s`` of the speed,
-  and never a degenerate answer such as a free peer alone;
+  (``0 < s < 1``; ``s = 1`` is below): cheap tokens without giving up more
+  than ``s`` of the speed, and never a degenerate answer such as a free peer alone;
 - ``"cost"``: ``cost=0.1`` (:data:`DEFAULT_COST_SLOWDOWN`). The cheapest tokens
   at any speed are often a plan much slower than the fastest (the cheap peers
   alone, the dear ones left out: 20% fewer tokens/s on
