@@ -359,7 +359,9 @@ class StageWorker:
             return False
         by_range = {(g.start, g.end): sync for g, sync in zip(self.plan.groups_of(self.peer_id), self.syncs,
                                                               strict=True)}
-        if residuals and set(residuals) != set(by_range):
+        # with error feedback every group of this plan needs its residuals, taken from the same group (a
+        # shard of a wider group selected down to these blocks has none for this one)
+        if (self.job.sync.error_feedback or residuals) and set(residuals) != set(by_range):
             logger.info("residuals of groups %s, not of this plan's %s: local state starts fresh",
                         sorted(residuals), sorted(by_range))
             return False
