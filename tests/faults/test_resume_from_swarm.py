@@ -15,7 +15,9 @@ counted), and the coordinator's report directory is gone too: the manifest is
 read from the DHT (whose bootstrap node lived on) or, when the DHT lost it, rebuilt
 from the shards the restarted peers report; ``lost``: every directory is destroyed: the job stops
 with an error naming the blocks and the round instead of restarting from the seed; ``remote``: the
-same with ``checkpoint.remote = "file://..."``: the blocks come from the remote copy, bitwise.
+same with ``checkpoint.remote = "file://..."``: the blocks come from the remote copy, bitwise;
+``forgotten``: nothing but the peers' directories survives (a fresh DHT, no report directory at all): the
+manifest is rebuilt from the shards the restarted peers report.
 
 Why the DHT can lose the manifest: hivemind stores a record on the ``num_replicas`` (5) nodes whose ids
 are nearest the key. With six nodes (bootstrap, four peers, coordinator) the bootstrap is left out about
@@ -134,7 +136,7 @@ def last_event(child: Child, event: str) -> dict[str, Any] | None:
     return next((e for e in reversed(child.seen) if e.get("event") == event), None)
 
 
-@pytest.mark.parametrize("variant", ["moved", "damaged", "lost", "remote"])
+@pytest.mark.parametrize("variant", ["moved", "damaged", "lost", "remote", "forgotten"])
 def test_whole_swarm_killed_after_round_2_resumes_from_the_peers(
     children: ChildGroup, logs: Path, tmp_path: Path, variant: str
 ) -> None:
@@ -169,7 +171,7 @@ def test_whole_swarm_killed_after_round_2_resumes_from_the_peers(
     shutil.rmtree(tmp_path / "report")
     (tmp_path / "report" / "manifests").mkdir(parents=True)
     shutil.move(str(keep), str(tmp_path / "report" / "manifests" / "step-000010.json"))
-    if from_dht:
+    if from_dht or variant == "forgotten":
         shutil.rmtree(tmp_path / "report")
     ref = reference(moved)
     assert set(ref.params) and len({n.split(".")[1] for n in ref.params}) == BLOCKS
@@ -203,6 +205,8 @@ def test_whole_swarm_killed_after_round_2_resumes_from_the_peers(
     assert (resumed["step"], resumed["round"]) == (10, 2)
     if from_dht:  # the DHT's copy, or (when no live node kept it) the one the peers' reports rebuild
         assert resumed["manifest"] in ("dht", "peers"), resumed
+    elif variant == "forgotten":  # a fresh DHT and no report directory: only the holders know
+        assert resumed["manifest"] == "peers", resumed
     else:
         assert resumed["manifest"] == str(tmp_path / "report" / "manifests"), resumed
     if variant == "lost":
