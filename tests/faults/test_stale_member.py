@@ -19,12 +19,13 @@ from geotrain.sync import Member, RoundId, RoundRoles
 from geotrain.testing.procs import ChildGroup
 from geotrain.transport import Message, Transport, TransportConfig
 
-# four processes racing a 2 s deadline: on CI's loaded 2-core box the survivors' round 2 was discarded in
-# two CI runs (no contributors), while it passed 9 of 9 times here alone or beside two busy loops; until
-# that is understood it runs with the slow tests (`pytest -m slow`), and the failure names the round
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180), pytest.mark.slow, pytest.mark.flaky(reruns=1)]
+# four processes, one round deadline D. Each phase of a round has a fraction of D from each member's own
+# start (the gather 0.3 D, the offers 0.45 D): with D = 2 s, a member starved for 0.6-0.9 s on a loaded
+# 2-core box missed them and the survivors' round 2 was discarded (no contributors). D = 8 s leaves the
+# phases seconds of slack; the frozen member still sleeps through two whole rounds.
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]
 
-FLOOR = 2.0  # round deadline D; a round ends by 2 D
+FLOOR = 8.0  # round deadline D; a round ends by 2 D
 
 
 def test_member_frozen_past_the_deadline_catches_up_without_diverging(children: ChildGroup) -> None:
@@ -59,8 +60,8 @@ def test_member_frozen_past_the_deadline_catches_up_without_diverging(children: 
         rounds[victim] = [first] + [procs[victim].wait_event("round", 60) for _ in range(2)]
         for pid in [*survivors, victim]:
             ctl.send(pid, Message("test.stop"), timeout=10)
-    # the survivors did not wait for the frozen member beyond the round's own 2 D bound
-    assert all(rounds[pid][1]["seconds"] < 2 * FLOOR + 2.0 for pid in survivors), {p: rounds[p][1] for p in survivors}
+    # the survivors did not wait for the frozen member: they committed rounds 2 and 3 while it slept (it is
+    # thawed only after their "done"), without its vector
     assert all(rounds[pid][1]["committed"] and rounds[pid][2]["committed"] for pid in survivors), \
         {p: rounds[p][1:] for p in survivors}  # says which round was discarded and why
     assert all(victim not in rounds[pid][2]["contributors"] for pid in survivors)  # it was asleep
