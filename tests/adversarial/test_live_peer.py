@@ -252,7 +252,7 @@ def test_hostile_input_at_a_live_peer_is_refused_counted_and_changes_nothing(
         assert proc.proc.poll() is None, "the victim died"
         return {"expected": expected, "target": target}
 
-    swarm = start_local_swarm(children, regions=["us", "us"], heartbeat_s=1.0)
+    swarm = start_local_swarm(children, regions=["us", "us"])
     attacked = run_job(swarm, tmp_path, "adv-attacked", attack)
     clean = run_job(swarm, tmp_path, "adv-clean")  # the same peers, a new job from the same seed
 

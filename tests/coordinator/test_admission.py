@@ -23,11 +23,11 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240), pytest.mark.fl
 def test_members_train_and_outsider_is_refused(children: ChildGroup, tmp_path: Path) -> None:
     key = generate_swarm_key(tmp_path / "swarm.key")
     swarm = start_local_swarm(
-        children, regions=["us", "us", "eu", "eu"], job_id="closed", heartbeat_s=1.0, extra=["--swarm-key", str(key)]
+        children, regions=["us", "us", "eu", "eu"], job_id="closed", extra=["--swarm-key", str(key)]
     )
     # an outsider joins the same DHT without the key
     outsider = children.start("outsider", ["peer", "--initial-peers", *swarm.maddrs, "--region", "us",
-                                           "--threads", "1", "--heartbeat", "1", "--job", "closed"])
+                                           "--threads", "1", "--heartbeat", "2", "--job", "closed"])
     out_ready = outsider.wait_event("ready", timeout=120)
     report = run_coordinator(None, initial_peers=swarm.maddrs, job_id="closed", report_dir=tmp_path / "r",
                              job=job_from_dict(tiny_job(steps=20)), swarm_key=key)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +14,9 @@ import pytest
 from geotrain.cli.run import run_coordinator
 from geotrain.config import job_from_dict
 from geotrain.coordinator.report import REPORT_KEYS
-from geotrain.testing.procs import ChildGroup
-from geotrain.testing.swarm import start_local_swarm
+from geotrain.testing.procs import Child, ChildGroup
+from geotrain.testing.swarm import LocalSwarm, start_local_swarm
 
-# whole jobs of several processes on a loaded 2-core box: one rerun absorbs a scheduling hiccup, not a bug
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240), pytest.mark.flaky(reruns=1)]
 
 
@@ -32,35 +32,16 @@ def tiny_job(*, steps: int, min_peers: int = 4) -> dict[str, Any]:
         "report": {"eval_batches": 4},
     }
 
+@pytest.fixture(scope="module")
+def swarm4() -> Iterator[LocalSwarm]:
+    """One swarm (a bootstrap, 2 peers in ``us``, 2 in ``eu``) for this module's jobs that leave every peer alive.
 
-@pytest.mark.parametrize("overlap", [0, 2])
-def test_tiny_job_trains_and_reports(children: ChildGroup, tmp_path: Path, overlap: int) -> None:
-    spec = tiny_job(steps=20)
-    spec["sync"]["overlap"] = overlap  # streaming: the last round is still in flight at the stop step
-    job = job_from_dict(spec)
-    swarm = start_local_swarm(children, regions=["us", "us", "eu", "eu"], job_id="e2e-basic", heartbeat_s=1.0)
-    events: list[dict[str, Any]] = []
-    report = run_coordinator(None, initial_peers=swarm.maddrs, job_id="e2e-basic", report_dir=tmp_path,
-                             emit=events.append, job=job)
-    data = json.loads((tmp_path / "report.json").read_text())
-    assert set(REPORT_KEYS) <= set(data)
-    for png in ("loss_vs_tokens.png", "loss_vs_time.png", "throughput.png", "traffic.png", "cost.png"):
-        assert (tmp_path / png).stat().st_size > 1000
-    val = [v for v in data["validation"] if v["loss"] is not None]
-    assert val[0]["source"] == "init" and val[-1]["source"] == "global"
-    assert val[-1]["loss"] < val[0]["loss"] - 0.3, val
-    assert val[-1]["round"] == 20 // 5, val  # the final global model holds every round, the last one too
-    s = report["summary"]
-    pipelines = len(data["plans"][-1]["pipelines"])  # the planner's choice (measured compute varies here)
-    assert s["tokens"] == pipelines * 20 * 4 * 2 * 32  # pipelines x 20 steps x (4 x 2) sequences x 32 tokens
-    assert s["plan_versions"] == 1 and s["deaths"] == 0
-    assert data["bytes"]["total"] > 0 and data["usd"]["total"] > 0
-    assert any(e["event"] == "plan" for e in events)
-    for pid in {st["peer"] for pipe in data["plans"][-1]["pipelines"] for st in pipe}:
-        ps = data["peer_stats"][pid]  # where each plan peer's time went, from its last progress record
-        assert ps["steps"] == 20 and ps["rounds"] == 20 // 5, ps
-        assert 0 < ps["compute_s"] <= ps["wall_s"] and ps["round_s"] > 0 and ps["cpu_s"] > 0, ps
-        assert 0 <= ps["sync_wait_s"] <= ps["wall_s"], ps
+    Its peers follow the newest job (no ``--job``): each test's job is a new job id, so the tests stay
+    independent of each other; the ones that kill or add a peer start their own swarm. The tests that
+    use it come last in the module, so it is reaped right after them.
+    """
+    with ChildGroup() as group:
+        yield start_local_swarm(group, regions=["us", "us", "eu", "eu"])
 
 
 def test_killed_peer_is_replanned_and_job_finishes(children: ChildGroup, tmp_path: Path) -> None:
@@ -99,14 +80,88 @@ def test_killed_peer_is_replanned_and_job_finishes(children: ChildGroup, tmp_pat
     assert val[-1]["loss"] < val[0]["loss"] - 0.5, val  # progress survived the replan
 
 
-def test_stop_after_round_k_then_resume_continues_at_k_plus_1(children: ChildGroup, tmp_path: Path) -> None:
+def test_joiner_mid_run_is_folded_in_and_pulls_verified_state(children: ChildGroup, tmp_path: Path) -> None:
+    """Issue 9 item 5: a peer that arrives while the job trains (rounds in flight) joins at the next plan
+    version, pulls committed global state from the others (size + hash verified), and the job finishes."""
+    spec = tiny_job(steps=1500, min_peers=3)
+    spec["report"]["eval_every"] = 100
+    swarm = start_local_swarm(children, regions=["us", "us", "eu"], job_id="e2e-join")
+    joined: list[dict[str, Any]] = []
+    started = threading.Event()
+
+    def on_event(e: dict[str, Any]) -> None:
+        training = e.get("event") == "progress" and any(p["status"] == "training" for p in e["peers"].values())
+        if training and not started.is_set():
+            started.set()
+            late = children.start("late", ["peer", "--initial-peers", *swarm.maddrs, "--region", "eu",
+                                           "--threads", "1", "--heartbeat", "1", "--job", "e2e-join"])
+            joined.append({"child": late})
+
+    report = run_coordinator(None, initial_peers=swarm.maddrs, job_id="e2e-join", report_dir=tmp_path,
+                             emit=on_event, job=job_from_dict(spec))
+    assert started.is_set()
+    late_id = joined[0]["child"].wait_event("ready", timeout=5)["peer_id"]
+    reasons = [p["reason"] for p in report["plans"]]
+    assert "join" in reasons, reasons
+    adopted = _plan_events([*swarm.peers, joined[0]["child"]])
+    print("ADOPTED", json.dumps(adopted))
+    print("PLANS", json.dumps([{k: v for k, v in p.items() if k in ("version", "reason", "start_step", "spares")} | {"pipes": [[(s["peer"][:8], s.get("start"), s.get("end")) for s in pp] for pp in p["pipelines"]]} for p in report["plans"]]))
+    print("VAL", json.dumps(report["validation"]))
+    last = report["plans"][-1]
+    placed = {s["peer"] for pipe in last["pipelines"] for s in pipe} | set(last["spares"])
+    assert late_id in placed
+    assert report["plans"][-1]["start_step"] > 0  # restarted at a round boundary, not from scratch
+    val = [v for v in report["validation"] if v["loss"] is not None]
+    assert val[-1]["loss"] < val[0]["loss"] - 0.5, val
+
+
+def _plan_events(peers: list[Child]) -> list[dict[str, Any]]:
+    """Every ``plan`` event (one per adopted plan version, with its state source) the peers printed so far."""
+    out = []
+    for child in peers:
+        for line in list(child.lines):
+            if line.startswith("{") and '"event": "plan"' in line:
+                out.append(json.loads(line))
+    return out
+
+
+@pytest.mark.parametrize("overlap", [0, 2])
+def test_tiny_job_trains_and_reports(swarm4: LocalSwarm, tmp_path: Path, overlap: int) -> None:
+    spec = tiny_job(steps=20)
+    spec["sync"]["overlap"] = overlap  # streaming: the last round is still in flight at the stop step
+    job = job_from_dict(spec)
+    events: list[dict[str, Any]] = []
+    report = run_coordinator(None, initial_peers=swarm4.maddrs, job_id=f"e2e-basic-{overlap}", report_dir=tmp_path,
+                             emit=events.append, job=job)
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert set(REPORT_KEYS) <= set(data)
+    for png in ("loss_vs_tokens.png", "loss_vs_time.png", "throughput.png", "traffic.png", "cost.png"):
+        assert (tmp_path / png).stat().st_size > 1000
+    val = [v for v in data["validation"] if v["loss"] is not None]
+    assert val[0]["source"] == "init" and val[-1]["source"] == "global"
+    assert val[-1]["loss"] < val[0]["loss"] - 0.3, val
+    assert val[-1]["round"] == 20 // 5, val  # the final global model holds every round, the last one too
+    s = report["summary"]
+    pipelines = len(data["plans"][-1]["pipelines"])  # the planner's choice (measured compute varies here)
+    assert s["tokens"] == pipelines * 20 * 4 * 2 * 32  # pipelines x 20 steps x (4 x 2) sequences x 32 tokens
+    assert s["plan_versions"] == 1 and s["deaths"] == 0
+    assert data["bytes"]["total"] > 0 and data["usd"]["total"] > 0
+    assert any(e["event"] == "plan" for e in events)
+    for pid in {st["peer"] for pipe in data["plans"][-1]["pipelines"] for st in pipe}:
+        ps = data["peer_stats"][pid]  # where each plan peer's time went, from its last progress record
+        assert ps["steps"] == 20 and ps["rounds"] == 20 // 5, ps
+        assert 0 < ps["compute_s"] <= ps["wall_s"] and ps["round_s"] > 0 and ps["cpu_s"] > 0, ps
+        assert 0 <= ps["sync_wait_s"] <= ps["wall_s"], ps
+
+
+def test_stop_after_round_k_then_resume_continues_at_k_plus_1(swarm4: LocalSwarm, tmp_path: Path) -> None:
     from geotrain.coordinator.evaluate import validation_loss
     from geotrain.peers import checkpoint
 
     ckpt = tmp_path / "ckpt"
     spec = tiny_job(steps=10)  # every = 5: rounds 1 and 2, a checkpoint after each
     spec["checkpoint"] = {"dir": str(ckpt), "every_rounds": 1}
-    swarm = start_local_swarm(children, regions=["us", "us", "eu", "eu"], heartbeat_s=1.0)
+    swarm = swarm4
     first = run_coordinator(None, initial_peers=swarm.maddrs, job_id="e2e-ck1", report_dir=tmp_path / "r1",
                             job=job_from_dict(spec))
     num_blocks = 6
@@ -128,33 +183,3 @@ def test_stop_after_round_k_then_resume_continues_at_k_plus_1(children: ChildGro
                            job=job_from_dict(spec), resume=ckpt)
     assert more["checkpoints"]["last_round"] == 3
     assert checkpoint.latest_complete(ckpt, num_blocks) == 15
-
-
-def test_joiner_mid_run_is_folded_in_and_pulls_verified_state(children: ChildGroup, tmp_path: Path) -> None:
-    """Issue 9 item 5: a peer that arrives while the job trains (rounds in flight) joins at the next plan
-    version, pulls committed global state from the others (size + hash verified), and the job finishes."""
-    spec = tiny_job(steps=1500, min_peers=3)
-    swarm = start_local_swarm(children, regions=["us", "us", "eu"], job_id="e2e-join", heartbeat_s=1.0)
-    joined: list[dict[str, Any]] = []
-    started = threading.Event()
-
-    def on_event(e: dict[str, Any]) -> None:
-        training = e.get("event") == "progress" and any(p["status"] == "training" for p in e["peers"].values())
-        if training and not started.is_set():
-            started.set()
-            late = children.start("late", ["peer", "--initial-peers", *swarm.maddrs, "--region", "eu",
-                                           "--threads", "1", "--heartbeat", "1", "--job", "e2e-join"])
-            joined.append({"child": late})
-
-    report = run_coordinator(None, initial_peers=swarm.maddrs, job_id="e2e-join", report_dir=tmp_path,
-                             emit=on_event, job=job_from_dict(spec))
-    assert started.is_set()
-    late_id = joined[0]["child"].wait_event("ready", timeout=5)["peer_id"]
-    reasons = [p["reason"] for p in report["plans"]]
-    assert "join" in reasons, reasons
-    last = report["plans"][-1]
-    placed = {s["peer"] for pipe in last["pipelines"] for s in pipe} | set(last["spares"])
-    assert late_id in placed
-    assert report["plans"][-1]["start_step"] > 0  # restarted at a round boundary, not from scratch
-    val = [v for v in report["validation"] if v["loss"] is not None]
-    assert val[-1]["loss"] < val[0]["loss"] - 0.5, val

@@ -46,7 +46,7 @@ def test_peers_of_different_devices_and_threads_train_one_job(children: ChildGro
         d = tmp_path / f"state-{i}"
         child = children.start(f"peer{i}", [
             "peer", "--initial-peers", *maddrs, "--region", "us", "--device", device, "--threads", str(threads),
-            "--heartbeat", "1", "--probe-every", "600", "--job", JOB_ID, "--state-dir", str(d)])
+            "--heartbeat", "2", "--probe-every", "600", "--job", JOB_ID, "--state-dir", str(d)])
         ready.append((child, d, threads))
     for child, d, threads in ready:
         event = child.wait_event("ready", timeout=120)
