@@ -346,7 +346,7 @@ class SwarmSection:
     wait_peers_s: float = 120.0
     hop_timeout_s: float = 30.0
     round_timeout_s: float = 60.0
-    heartbeat_s: float = 5.0
+    heartbeat_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.min_peers < 1:

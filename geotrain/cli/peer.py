@@ -43,8 +43,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--swarm", default="geotrain", help="swarm name (DHT key prefix)")
     p.add_argument("--device", default="cpu", help="torch device: cpu (default), cuda, cuda:N, auto")
     p.add_argument("--job", default=None, help="follow only this job id (default: the newest job)")
-    p.add_argument("--heartbeat", type=float, default=5.0, metavar="S", help="heartbeat period (record expires after 3)")
-    p.add_argument("--probe-every", type=float, default=60.0, metavar="S", help="re-probe links this often")
+    p.add_argument("--heartbeat", type=float, default=30.0, metavar="S",
+                   help="period of the peer record's heartbeat (it expires after 3); in a job the peer also "
+                        "republishes its progress every job swarm.heartbeat_s (or S, when shorter)")
+    p.add_argument("--probe-every", type=float, default=3600.0, metavar="S",
+                   help="re-measure each probed link this often (bulk transfers of a few MiB; default hourly)")
     p.add_argument("--emulate", default=None, metavar="SCENARIO", help="emulate the scenario's inter-region delays")
     p.add_argument("--emulate-bandwidth", action="store_true", help="with --emulate: also shape bandwidth in the transport")
     p.add_argument("--emulate-scale", type=float, default=1.0, help="divide emulated bandwidths by this")

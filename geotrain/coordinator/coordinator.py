@@ -32,7 +32,7 @@ from geotrain.coordinator.report import write_report
 from geotrain.errors import GeotrainError, InfeasiblePlanError, SwarmError
 from geotrain.plan import JobPlan
 from geotrain.swarm import Swarm
-from geotrain.swarm.news import PLAN_NEWS, PROGRESS_NEWS, Contact, NewsWaiter, send_news, serve_news
+from geotrain.swarm.news import JOB_NEWS, PLAN_NEWS, PROGRESS_NEWS, Contact, NewsWaiter, send_news, serve_news
 from geotrain.swarm.probe_targets import probe_targets
 from geotrain.swarm.records import JobRecord, PeerRecord, PeerStatus, PlanRecord, ProgressRecord
 from geotrain.transport import Transport
@@ -46,7 +46,8 @@ Emit = Callable[[dict[str, Any]], None]
 class CoordinatorConfig:
     job_id: str
     report_dir: Path
-    poll_s: float = 2.0
+    poll_s: float = 2.0  # DHT reads while waiting for peers and links
+    watch_every_s: float = 5.0  # DHT reads while the job runs (peers' news of a stall or the end wakes it at once)
     replan_grace_s: float = 3.0
     stall_replan_s: float = 10.0  # a plan peer stalled (a neighbour failed it) this long gets a fresh plan
     join_grace_s: float = 5.0
@@ -95,10 +96,11 @@ class Coordinator:
         self.plan: JobPlan | None = None
         self._run = _Run(started=time.time())
         # the watch loop reads progress every poll_s, or at once when a peer sends news (done, stalled)
-        self._progress_news = NewsWaiter(self._stop, poll_s=config.poll_s)
+        self._progress_news = NewsWaiter(self._stop, poll_s=config.watch_every_s)
         self._manifests: Any = None  # ManifestBook of the peers' checkpoint shards, built on first use
         self._last_manifest: dict[str, Any] | None = None
         self._manifest_wire: dict[str, Any] | None = None  # the newest manifest's dict, published with the plan
+        self._told: set[str] = set()  # peers this coordinator sent news of its job
         if transport is not None:
             serve_news(transport, PROGRESS_NEWS, self._progress_news)
 
@@ -119,6 +121,37 @@ class Coordinator:
                     for pipe in plan.pipelines for sl in pipe if sl.endpoint]
         send_news(self.transport, contacts, PLAN_NEWS)
 
+    def _read_view(self) -> tuple[dict[str, ProgressRecord], dict[str, PeerRecord]]:
+        """This job's progress records and the live peer records, read quietly.
+
+        First from one replica each (a fifth of the bytes of reading every replica); only when that
+        copy lacks a record of a plan peer (a death, or a replica that missed a write) from every
+        replica, so a peer is never taken for dead on one replica's word.
+        """
+        assert self.plan is not None
+        plan_peers = set(self.plan.peers)
+        for thorough in (False, True):
+            progress = {pid: p for pid, p in self.swarm.get_progress(thorough=thorough).items()
+                        if p.job_id == self.config.job_id}
+            everyone = self.swarm.get_peers(thorough=thorough)
+            if plan_peers <= set(progress) and plan_peers <= set(everyone):
+                break
+        return progress, everyone
+
+    def _tell_job(self, peers: dict[str, PeerRecord]) -> None:
+        """News of the job to each peer seen for the first time: it reads the job now, not at its next poll.
+
+        (Peers poll for jobs slowly: the control plane stays quiet. A peer behind NAT, or one whose closed
+        swarm's allow-list does not have this coordinator yet, misses the news and finds the job at its poll.)
+        """
+        if self.transport is None:
+            return
+        new = [Contact(pid, rec.endpoint, rec.region or None, rec.curve_public_key)
+               for pid, rec in peers.items() if pid not in self._told and rec.endpoint.startswith("tcp://")]
+        self._told.update(peers)
+        if new:
+            send_news(self.transport, new, JOB_NEWS)
+
     def _t(self) -> float:
         return time.time() - self._run.started
 
@@ -137,8 +170,17 @@ class Coordinator:
             curve_public_key=None if adm is None else adm.curve_public_key,
             admission=None if adm is None else adm.own_proof(self.swarm.peer_id),
             endpoint=None if self.transport is None else self.transport.address,
+            plan_version=None if self.plan is None else self.plan.version,
+            plan_stop_step=None if self.plan is None else self.plan.stop_step,
         )
         self.swarm.publish_job(rec)
+
+    def _move_pointer(self) -> None:
+        """Republish the job record with the new plan's version pointer (peers read the plan when it moved)."""
+        try:
+            self.publish_job()
+        except GeotrainError as e:  # news told the plan's peers already; the next re-publish moves it
+            logger.info("job record with the new plan version not published: %s", e)
 
     def wait_for_peers(self) -> dict[str, PeerRecord]:
         """Block until ``swarm.min_peers`` live peers have published links to each other."""
@@ -147,7 +189,9 @@ class Coordinator:
         announced: set[str] = set()
         links_since: float | None = None
         while not self._stop.is_set():
-            peers = self._takers(self.swarm.get_peers())
+            everyone = self.swarm.get_peers()
+            self._tell_job(everyone)
+            peers = self._takers(everyone)
             self._admit(peers)
             for pid, rec in peers.items():
                 if pid not in announced:
@@ -157,8 +201,10 @@ class Coordinator:
             if len(peers) >= need:
                 links = self.swarm.get_links()
                 regions = {pid: rec.region for pid, rec in peers.items()}
+                started = {pid: rec.started_at for pid, rec in peers.items()}
                 complete = all(  # every peer measured its probe targets (not every pair: probe_targets)
-                    pid in links and set(probe_targets(pid, regions)) <= set(links[pid].links) for pid in peers
+                    pid in links and set(probe_targets(pid, regions, started=started)) <= set(links[pid].links)
+                    for pid in peers
                 )
                 links_since = links_since or time.monotonic()
                 if complete or time.monotonic() - links_since > self.config.links_wait_s:
@@ -223,6 +269,7 @@ class Coordinator:
         )
         self.plan = plan
         self._announce(plan)
+        self._move_pointer()
         self._run.plans.append(
             {
                 "version": version,
@@ -332,8 +379,9 @@ class Coordinator:
                 except GeotrainError as e:  # tried again next poll; a stopping job still writes its report
                     logger.info("DHT write failed: %s", e)
             try:
-                progress = {pid: p for pid, p in self.swarm.get_progress().items() if p.job_id == self.config.job_id}
-                peers = {pid: rec for pid, rec in self.swarm.get_peers().items() if pid in progress}
+                progress, everyone = self._read_view()
+                self._tell_job(everyone)
+                peers = {pid: rec for pid, rec in everyone.items() if pid in progress}
                 self._admit(peers)
             except GeotrainError as e:
                 logger.info("DHT read failed: %s", e)
@@ -359,12 +407,15 @@ class Coordinator:
                     stalled_since.pop(pid, None)
             stuck = [p for p, t in stalled_since.items() if time.monotonic() - t > self.config.stall_replan_s]
             # joiners: folded in once their links to the others are measured (else they cannot be placed)
-            rows = self.swarm.get_links() if any(p not in plan_peers for p in peers) else {}
+            # (spares were placed, or left out, with their links already: only a true joiner needs the rows)
+            rows = self.swarm.get_links() if any(
+                p not in plan_peers and p not in self.plan.spares for p in peers) else {}
             regions = {pid: rec.region for pid, rec in peers.items()}
+            started = {pid: rec.started_at for pid, rec in peers.items()}
             joiners = [
                 p for p in peers
                 if p not in plan_peers and p not in self.plan.spares
-                and p in rows and set(probe_targets(p, regions)) <= set(rows[p].links)
+                and p in rows and set(probe_targets(p, regions, started=started)) <= set(rows[p].links)
             ]
             for p in joiners:
                 if p not in self._run.seen_peers:
@@ -596,6 +647,7 @@ class Coordinator:
         )
         self.plan = new
         self._announce(new)
+        self._move_pointer()
         self._event("stop", version=new.version, stop_step=stop_at)
 
     # -- money and the report ---------------------------------------------------------------------

@@ -42,7 +42,7 @@ from geotrain.peers.localise import localise_job
 from geotrain.peers.probe import ProbeConfig, measure_link, serve_probes
 from geotrain.plan import JobPlan
 from geotrain.swarm import Swarm
-from geotrain.swarm.news import PLAN_NEWS, PROGRESS_NEWS, Contact, NewsWaiter, send_news, serve_news
+from geotrain.swarm.news import JOB_NEWS, PLAN_NEWS, PROGRESS_NEWS, Contact, NewsWaiter, send_news, serve_news
 from geotrain.swarm.probe_targets import probe_targets
 from geotrain.swarm.records import LinkMeasurement, LinkRow, PeerRecord, PeerStatus, ProgressRecord
 from geotrain.transport import Transport
@@ -54,15 +54,31 @@ Emit = Callable[[dict[str, Any]], None]
 
 @dataclass(frozen=True, kw_only=True)
 class AgentConfig:
-    """What a peer offers and how it behaves. ``job_id`` pins one job (default: the newest)."""
+    """What a peer offers and how it behaves. ``job_id`` pins one job (default: the newest).
+
+    The control plane stays quiet (docs/swarm.md, "What the control plane costs"): the job and plan
+    records are read when news says they changed, else every ``watch_every_s`` while following a job,
+    ``watch_idle_s`` before one is known and ``poll_s`` while stalled; the peer list (probe targets,
+    the allow-list; O(N) bytes) from one replica every ``view_every_s`` or N x ``view_per_peer_s``,
+    whichever is longer, and at once when a new plan arrives or a closed swarm's data plane refused
+    an unknown key. A peer that follows a job publishes its progress when what the coordinator acts on
+    changes (status, plan, round, checkpoint shards), else every liveness period (the job's
+    ``swarm.heartbeat_s``, or ``--heartbeat`` or ``progress_every_s`` when shorter), expiring after 3:
+    the coordinator takes a plan peer without live progress for gone, so the peer record itself beats
+    at the slow ``--heartbeat`` period.
+    """
 
     region: str
     usd_per_hour: float = 0.0
     device: str = "cpu"
-    probe_every_s: float = 60.0
+    probe_every_s: float = 3600.0
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     poll_s: float = 2.0
-    progress_every_s: float = 2.0
+    watch_every_s: float = 30.0
+    watch_idle_s: float = 30.0
+    view_every_s: float = 30.0
+    view_per_peer_s: float = 2.5
+    progress_every_s: float = 10.0
     stall_wait_s: float = 120.0
     job_id: str | None = None
     benchmark_s: float = 0.5
@@ -73,8 +89,10 @@ class AgentConfig:
     def __post_init__(self) -> None:
         if self.usd_per_hour < 0:
             raise ConfigError(f"--price must be >= 0 USD/hour; got {self.usd_per_hour}")
-        if self.poll_s <= 0 or self.probe_every_s <= 0:
-            raise ConfigError("poll_s and probe_every_s must be > 0")
+        for name in ("poll_s", "probe_every_s", "watch_every_s", "watch_idle_s", "view_every_s", "view_per_peer_s",
+                     "progress_every_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0; got {getattr(self, name)}")
 
 
 class PeerAgent:
@@ -101,6 +119,13 @@ class PeerAgent:
         self._record: PeerRecord | None = None
         self._links: dict[str, LinkMeasurement] = {}
         self._probed_at: dict[str, float] = {}
+        self._probe_failures: dict[str, int] = {}  # failed probes of a target since its last success
+        self._view_now = threading.Event()  # set on a new plan: read the peer list (allow-list, partners) now
+        self._started = 0.0  # this peer's started_at (who probes whom: the younger peer measures a pair)
+        self._seen = 0  # peers in the last read of the peer list (paces the next read)
+        self._progress_sig: Any = None  # what the last progress record said (status, job, plan), and when
+        self._progress_at = 0.0
+        self._clock = time.monotonic  # paces progress (tests inject their own)
         self._links_published_at = 0.0
         self._worker: Any = None  # StageWorker of the current plan
         self._last_state: Any = None  # StageState kept from the previous worker, for rebuilds
@@ -121,6 +146,7 @@ class PeerAgent:
         # the watcher reads the DHT every poll_s, or at once when the coordinator sends news of a plan
         self._plan_news = NewsWaiter(self._stop, poll_s=config.poll_s)
         self._coordinator: Contact | None = None  # where to send news of this peer's progress
+        self._plan_cache: Any = None  # (job key, (version, stop step), JobPlan) of the watcher's last plan read
         self._sync_router: Any = None  # GroupRouter: sync.ping / sync.ask on this transport, built at start
         self._store: Any = None  # StateStore of config.state_dir, built at start
         self._lost: Any = None  # StateLostError of the current plan: blocks nobody holds (progress reports them)
@@ -135,7 +161,7 @@ class PeerAgent:
                                                max_seconds=self.config.benchmark_s))
         # "auto" resolves to what the benchmark found (cuda, else cpu)
         self._device = compute.device_type if self.config.device == "auto" else self.config.device
-        started = time.time()
+        started = self._started = time.time()
 
         def make_record() -> PeerRecord:
             return PeerRecord(
@@ -184,6 +210,7 @@ class PeerAgent:
 
         serve_state(self.transport, lambda: self._locked("_worker"), lambda: self._locked("_last_state"), stored)
         serve_news(self.transport, PLAN_NEWS, self._plan_news)
+        serve_news(self.transport, JOB_NEWS, self._plan_news)
         hb = self.swarm.start_heartbeat(make_record)
         hb.wait_first(timeout=self.swarm.config.timeout_s)
         for target, name in ((self._probe_loop, "probe"),):
@@ -208,17 +235,39 @@ class PeerAgent:
     def stop(self) -> None:
         self._stop.set()
         self._plan_news.poke()
+        self._view_now.set()
 
     # -- link probes ------------------------------------------------------------------------------
     def _probe_loop(self) -> None:
         while not self._stop.is_set():
+            retry = False
             try:
-                self._probe_once()
+                retry = self._probe_once()
             except GeotrainError as e:
                 logger.info("probe round failed: %s", e)
-            # while training, the swarm view (joiners, allow-list) is refreshed less often: every DHT read
-            # costs CPU in the DHT process and p2pd that the stage could use
-            self._stop.wait(min(self.config.probe_every_s, 2.0 if self._worker is None else 10.0))
+                retry = True
+            # the peer list is O(N) bytes per read: read it every view_every_s, or N x view_per_peer_s in a
+            # large swarm (a new plan wakes this at once); sooner only while a target has not been measured
+            # yet (it may have just joined, or a closed swarm's allow-lists not have it yet)
+            # ... and in this peer's first view_every_s, while the records of the peers that joined with it
+            # are still arriving
+            young = time.time() - self._started < self.config.view_every_s
+            period = self.config.poll_s * 2 if retry or young else min(
+                self.config.probe_every_s, max(self.config.view_every_s, self.config.view_per_peer_s * self._seen))
+            self._wait_view(period)
+
+    def _wait_view(self, period: float) -> None:
+        """Until the next read of the peer list: ``period``, a new plan, or (closed swarm) a refused key."""
+        deadline = time.monotonic() + period
+        closed = self.swarm.admission is not None and self.transport.config.curve is not None
+        refused = self.transport.stats.dropped.get("AuthenticationError", 0)
+        while not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0 or self._view_now.wait(min(left, self.config.poll_s) if closed else left):
+                break
+            if closed and self.transport.stats.dropped.get("AuthenticationError", 0) > refused:
+                break  # somebody this peer does not know yet dialled it: a joiner, most likely
+        self._view_now.clear()
 
     def _refresh_allow_list(self, peers: dict[str, PeerRecord]) -> None:
         """With a swarm key: admit exactly the verified members (and coordinators) on the data plane."""
@@ -226,7 +275,15 @@ class PeerAgent:
             return
         now = time.monotonic()
         keys = [r.curve_public_key for r in peers.values() if r.curve_public_key]
-        keys += [j.curve_public_key for j in self.swarm.get_jobs().values() if j.curve_public_key]
+        job_keys = {j.curve_public_key.encode() for j in self.swarm.get_jobs().values() if j.curve_public_key}
+        if job_keys - set(self._allowed_seen):
+            # a coordinator this peer did not admit yet: its news of the job was refused; read the job now
+            self._plan_news.poke()
+        keys += [k.decode() for k in job_keys]
+        with self._lock:
+            plan = self._plan
+        if plan is not None:  # the plan's peers, as the coordinator verified them (a quick read may miss one)
+            keys += [sl.curve_public_key for pipe in plan.pipelines for sl in pipe if sl.curve_public_key]
         for k in keys:
             self._allowed_seen[k.encode()] = now
         # a member missing from one DHT read stays admitted; one gone for a record lifetime does not
@@ -241,14 +298,21 @@ class PeerAgent:
         pipe = plan.pipelines[at[0]]
         return {pipe[s].peer for s in (at[1] - 1, at[1] + 1) if 0 <= s < len(pipe)}
 
-    def _probe_once(self) -> None:
-        peers = self.swarm.get_peers()
+    def _probe_once(self) -> bool:
+        """One probe round; True when a wanted target is still unmeasured and worth a retry soon."""
+        peers = self.swarm.get_peers(thorough=time.time() - self._started < self.config.view_every_s)
+        self._seen = len(peers)
         self._refresh_allow_list(peers)
         now = time.time()
         changed = False
-        # a few peers of this region and representatives of each other one, not everyone (probe_targets),
-        # plus the peers the current plan makes this peer exchange with (their pair carries real traffic)
-        wanted = set(probe_targets(self.peer_id, {pid: r.region for pid, r in peers.items()}))
+        # a few older peers of this region and representatives of each other one, not everyone
+        # (probe_targets: the younger side measures a pair), plus the peers the current plan makes this
+        # peer exchange with (their pair carries real traffic)
+        started = {pid: r.started_at for pid, r in peers.items()}
+        started[self.peer_id] = self._started
+        regions = {pid: r.region for pid, r in peers.items()}
+        regions.setdefault(self.peer_id, self.config.region)
+        wanted = set(probe_targets(self.peer_id, regions, started=started))
         with self._lock:
             plan = self._plan
         if plan is not None:
@@ -266,9 +330,11 @@ class PeerAgent:
             except (TransportError, ConfigError) as e:
                 # tried again next round (the transport redials a refused CURVE handshake on its own)
                 logger.info("probe of %s failed: %s", pid, e)
+                self._probe_failures[pid] = self._probe_failures.get(pid, 0) + 1
                 continue
             self._links[pid] = LinkMeasurement(bandwidth_bps=m.bandwidth_bps, rtt_s=m.rtt_s, measured_at=m.measured_at)
             self._probed_at[pid] = time.time()
+            self._probe_failures.pop(pid, None)
             changed = True
         # forget a link only once its peer has been gone long enough: one DHT read may miss a live peer
         for pid in list(self._links):
@@ -280,6 +346,10 @@ class PeerAgent:
             self.swarm.publish_links(LinkRow(src=self.peer_id, links=dict(self._links)))
             self._links_published_at = now
             self._emit({"event": "links", "peer_id": self.peer_id, "count": len(self._links)})
+        # a target never measured (not yet dialable, refused by a closed swarm's allow-list that has not
+        # seen us yet) is retried soon, a few times; then at the normal pace
+        return any(pid in peers and pid not in self._probed_at and self._probe_failures.get(pid, 0) <= 5
+                   for pid in wanted if pid != self.peer_id)
 
     # -- following the job ------------------------------------------------------------------------
     def _current(self) -> tuple[JobSpec, str, JobPlan] | None:
@@ -309,6 +379,13 @@ class PeerAgent:
             # behind NAT: open the connection the coordinator answers over (news, state requests)
             server_key = rec.curve_public_key.encode() if rec.curve_public_key else None
             self.transport.connect(owner, rec.endpoint, curve_server_key=server_key)
+        # the plan record is O(N) bytes: read it only when the job record's pointer moved, news came, or
+        # the coordinator publishes no pointer (an older one)
+        head = (rec.plan_version, rec.plan_stop_step)
+        cached = self._plan_cache
+        if (cached is not None and cached[0] == key and rec.plan_version is not None and cached[1] == head
+                and not self._plan_news.had_news):
+            return job, rec.job_id, cached[2]
         prec = self.swarm.latest_plan(job_id=rec.job_id, publisher=owner)
         if prec is None:
             return None
@@ -317,6 +394,8 @@ class PeerAgent:
         except ConfigError as e:
             logger.warning("ignoring malformed plan v%s: %s", prec.version, e)
             return None
+        # what was read, as a pointer: a replica behind the pointer makes the next poll read again
+        self._plan_cache = (key, (plan.version, plan.stop_step), plan)
         return job, rec.job_id, plan
 
     def _watch_loop(self) -> None:
@@ -331,14 +410,55 @@ class PeerAgent:
                 with self._lock:
                     self._latest = current
                 self._news.set()
+            # news (the coordinator's, of a new job or plan) wakes this at once; the poll is the fallback
+            self._plan_news.poll_s = self._watch_period()
             self._plan_news.wait()
 
+    def _liveness_s(self) -> float:
+        """How often a peer that follows a job republishes its progress, which expires after 3 of these.
+
+        The job's ``swarm.heartbeat_s`` (or the command line's ``--heartbeat`` when shorter): the
+        coordinator takes a plan peer without live progress for gone, so while in a job the progress
+        record is the heartbeat that matters and the peer record can beat at its slow idle period.
+        """
+        job = self._job
+        period = self.swarm.config.heartbeat_s
+        if job is not None:
+            period = min(period, job.swarm.heartbeat_s)
+        return min(period, self.config.progress_every_s)
+
+    def _watch_period(self) -> float:
+        """How long the watcher waits for news before it reads the job and plan records anyway."""
+        with self._lock:
+            stalled = self._status == PeerStatus.STALLED
+        if stalled:  # a replan is expected soon, and its news may have been lost
+            return self.config.poll_s
+        return self.config.watch_every_s if self._following is not None else self.config.watch_idle_s
+
     def _progress_loop(self) -> None:
-        """Background: publish this peer's progress every ``progress_every_s``."""
-        while not self._stop.wait(self.config.progress_every_s):
-            with self._lock:
-                step, metrics = self._step_now, self._metrics
-            self._publish_progress(step, metrics)
+        """Background: publish this peer's progress when it changes, and every liveness period.
+
+        A peer that follows a job republishes its progress every :meth:`_liveness_s` (it expires after 3),
+        and at once when what the coordinator acts on changes: status, plan, round, checkpoint shards.
+        """
+        while not self._stop.wait(min(1.0, self.config.progress_every_s)):
+            self._progress_tick()
+
+    def _progress_tick(self) -> bool:
+        """Publish progress if it changed or is due (see :meth:`_progress_loop`); True if it did."""
+        with self._lock:
+            step, metrics = self._step_now, self._metrics
+            plan, w = self._plan, self._worker
+            sig = (self._status, self._following, None if plan is None else (plan.job_id, plan.version),
+                   self._lost is not None, None if w is None else w.round)
+        # the shards this peer holds (a checkpoint round's): the coordinator's manifests list them
+        shards = None if self._store is None or plan is None else tuple(
+            sh.step for sh in self._store.written(plan.job_id))
+        if (sig, shards) == self._progress_sig and self._clock() - self._progress_at < self._liveness_s():
+            return False
+        self._publish_progress(step, metrics)
+        self._progress_sig, self._progress_at = (sig, shards), self._clock()
+        return True
 
     def run(self) -> int:
         """The main loop; returns when ``stop()`` is called. Exit code."""
@@ -415,6 +535,7 @@ class PeerAgent:
             if placed:
                 self._step_now = plan.start_step
         self.transport.set_context(job=plan.job_id, plan_version=plan.version)
+        self._view_now.set()  # the probe thread reads the peer list now: the allow-list, the plan's partners
         if old is not None:
             old.close()
         if not placed:
@@ -486,7 +607,8 @@ class PeerAgent:
             self.swarm.publish_progress(
                 ProgressRecord(peer_id=self.peer_id, job_id=job_id, plan_version=0, step=0, loss=None, tokens=0,
                                round=0, bytes_sent=0, bytes_received=0, updated_at=time.time(),
-                               status=PeerStatus.IDLE, shards=self._shards(job_id))
+                               status=PeerStatus.IDLE, shards=self._shards(job_id)),
+                ttl_s=3 * self._liveness_s(),
             )
         except GeotrainError as e:
             logger.info("progress not published: %s", e)
@@ -568,7 +690,8 @@ class PeerAgent:
                     stats=stats,
                     status=status,
                     shards=self._shards(plan.job_id),
-                )
+                ),
+                ttl_s=3 * self._liveness_s(),
             )
         except GeotrainError as e:
             logger.info("progress not published: %s", e)

@@ -1,8 +1,10 @@
 """Link probes over the data plane: round-trip time and bulk bandwidth to another peer.
 
 RTT is the median of small request/response pings. Bandwidth is measured by
-bulk requests that double in size until one takes long enough to be
-meaningful (``min_transfer_s``) or reaches ``max_bytes``; a transfer's time
+bulk requests that grow (at least doubling, or straight to the size the
+last one predicts) until one takes long enough to be meaningful
+(``min_transfer_s``) or reaches ``max_bytes`` (2 MiB: a probe of one link
+moves at most about 4.3 MiB, on loopback too); a transfer's time
 minus one RTT is its serialisation time, and the median over ``rounds``
 transfers of that size is reported. On loopback these are real loopback
 numbers; under emulation or tbf shaping they are the emulated link's.
@@ -27,7 +29,7 @@ BULK = "probe.bulk"
 class ProbeConfig:
     pings: int = 7
     start_bytes: int = 256 << 10
-    max_bytes: int = 4 << 20
+    max_bytes: int = 2 << 20
     min_transfer_s: float = 0.05
     rounds: int = 2
     ping_timeout_s: float = 3.0  # a peer that does not answer a ping this fast is skipped until the next round
@@ -77,11 +79,17 @@ def measure_link(transport: Transport, peer_id: str, config: ProbeConfig | None 
         transport.request(peer_id, Message(kind=BULK, tensors={"x": payload}), timeout=cfg.timeout_s)
         return time.perf_counter() - t0
 
-    # Ramp up with single transfers, then measure the chosen size `rounds` times.
+    # Ramp up with single transfers, jumping to the size the last one predicts takes min_transfer_s
+    # (a fast link is not walked through every doubling), then measure that size `rounds` times in
+    # all, the ramp's last transfer included when it already had that size.
     size = cfg.start_bytes
-    while bulk(size) < cfg.min_transfer_s and size * 2 <= cfg.max_bytes:
-        size *= 2
-    elapsed = statistics.median(bulk(size) for _ in range(cfg.rounds))
+    t = bulk(size)
+    while t < cfg.min_transfer_s and size < cfg.max_bytes:
+        want = size * cfg.min_transfer_s / max(t, 1e-6) * 1.25
+        size = int(min(cfg.max_bytes, max(size * 2, want)))
+        t = bulk(size)
+    times = [t] + [bulk(size) for _ in range(cfg.rounds - 1)]
+    elapsed = statistics.median(times)
     transfer = max(elapsed - rtt, 1e-6)
     return LinkMeasurement(
         src=transport.peer_id,

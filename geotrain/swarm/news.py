@@ -12,6 +12,7 @@ and the reader reads the signed records as usual. A forged, repeated or lost
 piece of news therefore costs at most one extra DHT read per ``min_gap_s``
 (see :class:`NewsWaiter`), or one poll of delay.
 
+- ``news.job``: coordinator -> every peer it sees that does not follow its job yet: a job was published;
 - ``news.plan``: coordinator -> the plan's peers: a plan record changed;
 - ``news.progress``: peer -> coordinator: this peer is done or stalled.
 """
@@ -28,10 +29,11 @@ from dataclasses import dataclass
 from geotrain.errors import GeotrainError
 from geotrain.transport import Message, Transport
 
-__all__ = ["PLAN_NEWS", "PROGRESS_NEWS", "Contact", "NewsWaiter", "serve_news", "send_news"]
+__all__ = ["JOB_NEWS", "PLAN_NEWS", "PROGRESS_NEWS", "Contact", "NewsWaiter", "serve_news", "send_news"]
 
 logger = logging.getLogger(__name__)
 
+JOB_NEWS = "news.job"
 PLAN_NEWS = "news.plan"
 PROGRESS_NEWS = "news.progress"
 
@@ -55,6 +57,7 @@ class NewsWaiter:
     def __init__(self, stop: threading.Event, *, poll_s: float, min_gap_s: float = 0.2) -> None:
         self.stop, self.poll_s, self.min_gap_s = stop, poll_s, min_gap_s
         self._news = threading.Event()
+        self.had_news = False  # whether the last wait ended on news (not on its poll period)
         self._last = float("-inf")
         self._count_lock = threading.Lock()
         self.received = 0  # news received (handler threads poke concurrently)
@@ -66,7 +69,7 @@ class NewsWaiter:
 
     def wait(self) -> bool:
         """Pause until the next read is due; False once ``stop`` is set."""
-        self._news.wait(self.poll_s)
+        self.had_news = self._news.wait(self.poll_s)
         gap = self.min_gap_s - (time.monotonic() - self._last)
         if gap > 0:
             self.stop.wait(gap)  # news faster than this is merged into one read

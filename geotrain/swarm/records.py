@@ -142,6 +142,10 @@ class JobRecord(_Record):
     admission: Annotated[str, Field(min_length=64, max_length=64)] | None = None  # swarm-key proof (hex)
     # the coordinator's data-plane address: peers send it news (geotrain.swarm.news) there
     endpoint: Annotated[str, Field(max_length=300)] | None = None
+    # the plan's version pointer: the newest plan's version and stop step. A reader reads the (O(N)) plan
+    # record only when these moved (or news said so); None from an older coordinator: read it every time
+    plan_version: Annotated[int, Field(ge=1)] | None = None
+    plan_stop_step: Annotated[int, Field(ge=0)] | None = None
 
     @field_validator("endpoint")
     @classmethod
@@ -280,6 +284,7 @@ class ProgressRecord(_Record):
 
 #: Fields added to a kind after its first release: records without them (older peers) stay valid.
 ADDED_FIELDS: dict[str, tuple[str, ...]] = {"peers": ("endpoints", "reachable", "flops_bf16"),
+                                            "job": ("plan_version", "plan_stop_step"),
                                             "progress": ("status", "shards")}
 
 #: The model stored under each kind of key.

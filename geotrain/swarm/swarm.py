@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from geotrain.swarm.heartbeat import Heartbeat
 
 logger = logging.getLogger(__name__)
+_ops_log = logging.getLogger("geotrain.swarm.ops")  # one DEBUG line per DHT read and write (what the control plane does)
 R = TypeVar("R", bound=_Record)
 
 _SWARM_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
@@ -62,6 +63,11 @@ class SwarmConfig:
     ``record_ttl_s``: lifetime of link/job/plan/progress records (republish before it ends).
     ``max_ttl_s``/``max_value_bytes``/``max_depth``: what this node's validators accept.
     ``timeout_s``: deadline of each get/store; ``rpc_timeout_s``: of one hivemind RPC.
+    ``read_beam``: how many of a key's nearest nodes a thorough read asks (hivemind's default,
+    the bucket size of 20, asks every node of a small swarm each time); records are stored on
+    hivemind's 5 nearest nodes, and a thorough read merges the dictionaries it gets. A quick
+    read (``thorough=False``) takes the first replica's copy: one O(N) answer instead of
+    ``read_beam``, for readers that tolerate missing a record now and then.
     """
 
     initial_peers: tuple[str, ...] = ()
@@ -80,6 +86,7 @@ class SwarmConfig:
     timeout_s: float = 10.0
     rpc_timeout_s: float = 3.0
     start_timeout_s: float = 60.0
+    read_beam: int = 5
 
     def __post_init__(self) -> None:
         if isinstance(self.initial_peers, (str, bytes)) or not all(
@@ -121,6 +128,8 @@ class SwarmConfig:
         ):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"swarm.{name} must be > 0; got {getattr(self, name)}")
+        if not 1 <= self.read_beam <= 64:
+            raise ConfigError(f"swarm.read_beam must be in 1..64; got {self.read_beam}")
         if 3 * self.heartbeat_s > self.max_ttl_s:
             raise ConfigError(
                 f"swarm.heartbeat_s x 3 must be <= max_ttl_s ({self.max_ttl_s}); got {self.heartbeat_s}"
@@ -246,6 +255,13 @@ class Swarm:
             bootstrap_timeout=cfg.rpc_timeout_s,
             startup_timeout=min(cfg.start_timeout_s, 30.0),
             shutdown_timeout=5.0,
+            # Quiet by design: no background re-reads of cached values (every reader polls on its own
+            # schedule) and no copy of each found value pushed to a nearer node after every read.
+            # A quick read (thorough=False) must come from the swarm, not from this node's copy of an
+            # earlier one: nothing is cached locally (this node's own replicas still answer first).
+            cache_refresh_before_expiry=0,
+            cache_nearest=0,
+            cache_locally=False,
         )
         self._dht = dht
         try:
@@ -327,9 +343,14 @@ class Swarm:
         """Publish a plan version; it replaces this owner's previous plan."""
         return self._publish("plan", plan, ttl_s or self.config.record_ttl_s)
 
-    def publish_progress(self, progress: ProgressRecord) -> bool:
+    def publish_progress(self, progress: ProgressRecord, *, ttl_s: float | None = None) -> bool:
+        """Publish this peer's progress, expiring after ``ttl_s`` (default ``record_ttl_s``).
+
+        A job's peers publish it every liveness period with 3 periods of lifetime: for the coordinator a
+        plan peer whose progress expired is gone (as a peer whose record expired is for everyone).
+        """
         self._check_own(progress.peer_id, "peer_id")
-        return self._publish("progress", progress, self.config.record_ttl_s)
+        return self._publish("progress", progress, min(ttl_s or self.config.record_ttl_s, self.config.max_ttl_s))
 
     def start_heartbeat(self, make_record: Callable[[], PeerRecord]) -> Heartbeat:
         """Republish ``make_record()`` every ``heartbeat_s`` in a background thread (first one now)."""
@@ -341,12 +362,13 @@ class Swarm:
         return hb
 
     # -- reading ---------------------------------------------------------------------------------
-    def get_peers(self) -> dict[str, PeerRecord]:
+    def get_peers(self, *, thorough: bool = True) -> dict[str, PeerRecord]:
         """Live peer records by peer id (a record naming another peer than its signer is dropped).
 
-        With a swarm key, only members with a valid admission proof are returned.
+        With a swarm key, only members with a valid admission proof are returned. ``thorough=False``:
+        one replica's copy (a fifth of the bytes; it may miss a record that replica has not got).
         """
-        peers = self._get("peers", PeerRecord, owner_field="peer_id")
+        peers = self._get("peers", PeerRecord, owner_field="peer_id", thorough=thorough)
         if self.admission is not None:
             adm = self.admission
             peers = {p: r for p, r in peers.items() if adm.verify(p, r.curve_public_key, r.admission)}
@@ -384,8 +406,9 @@ class Swarm:
         ]
         return max(plans, key=lambda p: p.version, default=None)
 
-    def get_progress(self) -> dict[str, ProgressRecord]:
-        return self._members_only(self._get("progress", ProgressRecord, owner_field="peer_id"))
+    def get_progress(self, *, thorough: bool = True) -> dict[str, ProgressRecord]:
+        """Live progress records by peer id (``thorough=False``: one replica's copy, as for :meth:`get_peers`)."""
+        return self._members_only(self._get("progress", ProgressRecord, owner_field="peer_id", thorough=thorough))
 
     # -- internals -------------------------------------------------------------------------------
     def _require(self) -> SwarmDHT:
@@ -438,15 +461,22 @@ class Swarm:
             dht_key(cfg.swarm, kind), value, expiration, subkey=self._owner_subkey, return_future=True
         )
         ok = bool(self._wait(future, f"store {kind}"))
+        _ops_log.debug("store %s %d bytes", kind, len(packed))
         if not ok:
             logger.warning("no DHT node accepted our %s record", kind)
         return ok
 
-    def _get(self, kind: str, model: type[R], *, owner_field: str | None = None) -> dict[str, R]:
+    def _get(
+        self, kind: str, model: type[R], *, owner_field: str | None = None, thorough: bool = True
+    ) -> dict[str, R]:
         from hivemind.utils import get_dht_time
 
-        future = self._require().get(dht_key(self.config.swarm, kind), latest=True, return_future=True)
+        future = self._require().get(
+            dht_key(self.config.swarm, kind), latest=thorough, beam_size=self.config.read_beam, return_future=True
+        )
         found = self._wait(future, f"get {kind}")
+        _ops_log.debug("get %s thorough=%s %d records", kind, thorough,
+                       len(found.value) if found is not None and isinstance(found.value, dict) else 0)
         if found is None or not isinstance(found.value, dict):
             return {}
         now = get_dht_time()

@@ -275,9 +275,12 @@ class Transport:
                     del self._mail[key]  # a key in the mailbox always has a message (eviction relies on it)
 
     def allow_clients(self, keys: set[bytes] | frozenset[bytes]) -> None:
-        """Replace the CURVE allow-list (z85 public keys of the swarm's verified members)."""
-        self._allowed.clear()
+        """Replace the CURVE allow-list (z85 public keys of the swarm's verified members).
+
+        In place, without a moment in which a key in both lists is missing (the ZAP thread reads it).
+        """
         self._allowed.update(keys)
+        self._allowed.intersection_update(keys)
 
     def serve(self, kind: str, handler: Handler, *, replace: bool = False) -> None:
         """Answer requests of ``kind``; the handler runs in a worker thread and returns the reply (or None).

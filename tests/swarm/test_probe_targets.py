@@ -44,11 +44,12 @@ def test_a_joining_peer_of_a_swarm_of_16_probes_its_targets_not_15(monkeypatch: 
 
     view = _swarm(16, 4)
     me = "peer-00"
-    records = {pid: SimpleNamespace(region=r, endpoint=f"tcp://127.0.0.1:{5000 + i}", curve_public_key=None)
+    records = {pid: SimpleNamespace(region=r, endpoint=f"tcp://127.0.0.1:{5000 + i}", curve_public_key=None,
+                                    started_at=100.0 + i)
                for i, (pid, r) in enumerate(view.items())}
     published: list[Any] = []
     swarm = SimpleNamespace(peer_id=me, admission=None, config=SimpleNamespace(record_ttl_s=30.0),
-                            get_peers=lambda: records, get_jobs=lambda: {}, publish_links=published.append)
+                            get_peers=lambda **kw: records, get_jobs=lambda: {}, publish_links=published.append)
     connected: list[str] = []
     transport = SimpleNamespace(config=SimpleNamespace(curve=None),
                                 connect=lambda pid, endpoint, **kw: connected.append(pid))
@@ -60,10 +61,35 @@ def test_a_joining_peer_of_a_swarm_of_16_probes_its_targets_not_15(monkeypatch: 
 
     monkeypatch.setattr(agent_mod, "measure_link", fake_measure)
     agent = PeerAgent(AgentConfig(region="r0"), swarm=swarm, transport=transport)  # type: ignore[arg-type]
+    agent._started = 1000.0  # the joiner: every other peer was there before it
     agent._probe_once()
     assert sorted(probed) == probe_targets(me, view)
     assert len(probed) == LOCAL_TARGETS + PER_REGION_TARGETS * 3 and len(probed) < 15
     assert set(published[-1].links) == set(probed)
+
+    # the same peer as the oldest of the swarm: the others measure their pairs with it, it probes nobody
+    probed.clear()
+    old = PeerAgent(AgentConfig(region="r0"), swarm=swarm, transport=transport)  # type: ignore[arg-type]
+    old._started = 1.0
+    assert old._probe_once() is False and probed == []
+
+
+def test_the_younger_peer_of_a_pair_measures_it() -> None:
+    view = _swarm(32, 4)
+    started = {pid: float(i) for i, pid in enumerate(sorted(view))}
+    targets = {me: probe_targets(me, view, started=started) for me in view}
+    for me, ts in targets.items():
+        assert all(started[t] < started[me] for t in ts)  # only older peers
+    measured = {frozenset((me, t)) for me, ts in targets.items() for t in ts}
+    assert sum(len(ts) for ts in targets.values()) == len(measured)  # no pair is probed from both sides
+    # the newest peer probes its full set, as without ages; the oldest probes nobody
+    newest, oldest = max(view, key=started.__getitem__), min(view, key=started.__getitem__)
+    assert targets[newest] == probe_targets(newest, view) and targets[oldest] == []
+    # a new peer costs O(regions + k) probes, not O(N): nobody else probes it
+    joiner = "peer-new"
+    view2, started2 = {**view, joiner: "r1"}, {**started, joiner: 99.0}
+    assert all(joiner not in probe_targets(me, view2, started=started2) for me in view)
+    assert len(probe_targets(joiner, view2, started=started2)) == LOCAL_TARGETS + PER_REGION_TARGETS * 3
 
 
 def test_status_shows_unmeasured_pairs_as_estimated_from_their_regions() -> None:

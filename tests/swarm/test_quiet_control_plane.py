@@ -1,0 +1,99 @@
+"""The control plane stays quiet: what a peer reads and writes, and how often, decided without a network.
+
+The agent's and the heartbeat's pacing are tested with fakes in place of the DHT (every write recorded) and an
+injected clock; the whole swarm's bytes are measured by ``benchmarks.control_plane`` (its smoke test).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from geotrain.peers.agent import AgentConfig, PeerAgent
+from geotrain.swarm.records import PeerStatus
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _agent(**config: Any) -> tuple[PeerAgent, list[Any], _Clock]:
+    published: list[Any] = []
+    swarm = SimpleNamespace(peer_id="peer-a", admission=None,
+                            config=SimpleNamespace(record_ttl_s=120.0, heartbeat_s=30.0),
+                            publish_progress=lambda rec, ttl_s: published.append(SimpleNamespace(
+                                status=rec.status, job_id=rec.job_id, ttl=ttl_s)))
+    transport = SimpleNamespace(config=SimpleNamespace(curve=None), stats=SimpleNamespace(dropped={}))
+    agent = PeerAgent(AgentConfig(region="r0", **config), swarm=swarm, transport=transport)  # type: ignore[arg-type]
+    clock = _Clock()
+    agent._clock = clock
+    return agent, published, clock
+
+
+def test_a_peer_of_a_job_publishes_progress_every_liveness_period_and_at_once_when_it_changes() -> None:
+    agent, published, clock = _agent(progress_every_s=10.0)
+    agent._progress_tick()
+    clock.t += 3.0
+    assert not agent._progress_tick() and published == []  # no job known: nothing to say
+    agent._following = "job-1"
+    assert agent._progress_tick() and len(published) == 1  # it follows a job now: the coordinator must know
+    assert published[0].status == PeerStatus.IDLE and published[0].job_id == "job-1"
+    assert published[-1].ttl == 30.0  # 3 liveness periods: a peer that dies vanishes from the job as fast
+    for _ in range(3):  # nothing changed: quiet, however often the loop ticks
+        clock.t += 3.0
+        assert not agent._progress_tick()
+    clock.t += 1.0  # a liveness period (10 s) since the last one
+    assert agent._progress_tick() and len(published) == 2
+
+    plan = SimpleNamespace(job_id="job-1", version=3, pipelines=[])
+    worker = SimpleNamespace(round=4, stats=dict, last_loss=2.5, tokens=100)
+    agent._plan, agent._worker, agent._status = plan, worker, PeerStatus.TRAINING
+    agent.transport.stats = SimpleNamespace(dropped={}, sent_bytes={}, recv_bytes={})
+    assert agent._progress_tick() and published[-1].status == PeerStatus.TRAINING  # a new status: at once
+    clock.t += 5.0
+    assert not agent._progress_tick()  # steps moved on, but the period is 10 s
+    worker.round = 5
+    assert agent._progress_tick()  # a round committed: the coordinator acts on it (validation, manifests)
+    clock.t += 10.0
+    assert agent._progress_tick() and len(published) == 5
+
+
+def test_the_liveness_period_is_the_jobs_heartbeat_or_the_command_lines_when_shorter() -> None:
+    agent, _, _ = _agent(progress_every_s=10.0)
+    assert agent._liveness_s() == 10.0
+    agent._job = SimpleNamespace(swarm=SimpleNamespace(heartbeat_s=4.0))  # type: ignore[assignment]
+    assert agent._liveness_s() == 4.0
+    agent.swarm.config.heartbeat_s = 2.0  # geotrain peer --heartbeat 2
+    assert agent._liveness_s() == 2.0
+
+
+def test_the_watcher_waits_for_news_long_and_polls_fast_only_when_stalled() -> None:
+    agent, _, _ = _agent(poll_s=2.0, watch_every_s=30.0, watch_idle_s=10.0)
+    assert agent._watch_period() == 10.0  # no job yet: the coordinator's news of one comes, or this poll
+    agent._following = "job-1"
+    assert agent._watch_period() == 30.0  # following a job: a new plan comes with news
+    agent._status = PeerStatus.STALLED
+    assert agent._watch_period() == 2.0  # a replan is expected and its news may be lost
+
+
+def test_the_coordinator_tells_each_new_peer_of_its_job_once(monkeypatch: Any) -> None:
+    import geotrain.coordinator.coordinator as coord_mod
+
+    sent: list[list[str]] = []
+    monkeypatch.setattr(coord_mod, "send_news", lambda transport, contacts, kind: sent.append(
+        [c.peer_id for c in contacts]) if kind == coord_mod.JOB_NEWS else None)
+    coord = object.__new__(coord_mod.Coordinator)
+    coord.transport, coord._told = SimpleNamespace(), set()  # type: ignore[assignment]
+
+    def rec(endpoint: str) -> Any:
+        return SimpleNamespace(endpoint=endpoint, region="r0", curve_public_key=None)
+
+    coord._tell_job({"a": rec("tcp://127.0.0.1:1"), "b": rec("tcp://127.0.0.1:2")})
+    coord._tell_job({"a": rec("tcp://127.0.0.1:1"), "b": rec("tcp://127.0.0.1:2"), "c": rec("dialback://x")})
+    coord._tell_job({"a": rec("tcp://127.0.0.1:1"), "d": rec("tcp://127.0.0.1:4")})
+    # a peer behind NAT (dialback) cannot be dialled: it finds the job at its own poll
+    assert sent == [["a", "b"], ["d"]]
