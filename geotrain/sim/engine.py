@@ -279,6 +279,18 @@ class Simulation:
                 continue
             t = self._round(t, end)
         res.finish(max(end, t))
+        from geotrain.sim.control import control_plane_cost
+
+        # the control plane's cost under the same terms the peers and the coordinator run with
+        round_s = res.full_round_s / res.rounds if res.rounds else None
+        n, regions = len(self.sc.peers), len(self.sc.regions)
+        busy = control_plane_cost(n, regions=regions, round_s=round_s)
+        res.control_plane = {
+            "bytes_per_peer_s": busy["bytes_per_peer_s"],
+            "idle_bytes_per_peer_s": control_plane_cost(n, regions=regions, training=False)["bytes_per_peer_s"],
+            "coordinator_bytes_s": busy["coordinator_bytes_s"],
+            "coordinator_reads_per_min": busy["coordinator_reads_per_min"],
+        }
         return res
 
     def _round(self, t: float, end: float) -> float:

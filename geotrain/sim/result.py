@@ -39,6 +39,7 @@ class SimResult:
     joins: int = 0
     missed_deadlines: int = 0
     seconds: float = 0.0
+    control_plane: dict[str, Any] = field(default_factory=dict)  # geotrain.sim.control, set at the end
     _bucket: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def event(self, t: float, kind: str, **data: Any) -> None:
@@ -117,6 +118,7 @@ class SimResult:
             "missed_deadlines": self.missed_deadlines,
             "idle_s": self.idle_s,
             "events": self.events_total,
+            **{f"control_{k}": v for k, v in self.control_plane.items()},
             "warnings": list(self.warnings),
         }
 

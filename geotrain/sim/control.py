@@ -1,0 +1,98 @@
+"""The control plane's cost, modelled: DHT bytes per peer per second and the coordinator's reads.
+
+The terms are the ones the peers and the coordinator run with (``geotrain.peers.agent.AgentConfig``,
+``geotrain.coordinator.coordinator.CoordinatorConfig``, ``geotrain.swarm.swarm.SwarmConfig``; their
+defaults are repeated in :class:`Cadence`, which a test keeps equal to them), and hivemind's cost of one
+operation, fitted to what ``benchmarks.control_plane`` measures on loopback (:class:`DHTCosts`).
+
+One operation costs, in bytes sent by every node together (IP and TCP headers included):
+
+- a write (*store*) of a ``v``-byte record: a lookup of the key's nearest nodes (``lookup`` RPCs) and one
+  store RPC to each of the ``replicas`` nearest: ``(lookup + replicas) x rpc + replicas x v``;
+- a quick read of a dictionary of ``m`` records of ``r`` bytes (one replica's copy):
+  ``(lookup + 1) x rpc + m x r``; a thorough read asks ``beam`` replicas: ``(lookup + beam) x rpc + beam x m x r``.
+
+Per peer, idle (joined, no job): a heartbeat every ``heartbeat_s``, a quick read of the peer list every
+``max(view_s, view_per_peer_s x N)``, a read of the job records every ``watch_s`` and its link row
+republished every ``record_ttl_s / 2``. In a job it adds a progress write every ``liveness_s`` and at
+each round (the progress record is the job's liveness signal); the plan (O(N) bytes) is read only when the job record's version
+pointer moves, i.e. once per replan, which this steady-state figure leaves out. The coordinator reads the
+progress and peer dictionaries (quick) every ``coordinator_watch_s`` and writes the plan each round (its
+manifest): its reads per minute are constant, their bytes O(N) (it does not yet read aggregated progress).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["Cadence", "DHTCosts", "control_plane_cost"]
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """How often each control-plane operation happens (seconds), as the peer and coordinator run by default."""
+
+    heartbeat_s: float = 30.0  # geotrain peer --heartbeat: the peer record
+    liveness_s: float = 10.0  # the job's swarm.heartbeat_s (and AgentConfig.progress_every_s): progress
+    watch_s: float = 30.0  # AgentConfig.watch_every_s (news wakes it sooner)
+    view_s: float = 30.0  # AgentConfig.view_every_s
+    view_per_peer_s: float = 2.5  # AgentConfig.view_per_peer_s
+    record_ttl_s: float = 120.0  # SwarmConfig.record_ttl_s
+    coordinator_watch_s: float = 5.0  # CoordinatorConfig.watch_every_s
+
+
+@dataclass(frozen=True)
+class DHTCosts:
+    """hivemind's bytes per operation (fitted on loopback: ~1.1 KB per RPC exchange, 5 replicas)."""
+
+    rpc: float = 1100.0
+    lookup: float = 3.0
+    replicas: int = 5
+    beam: int = 5
+    peer_record: float = 1300.0
+    progress_record: float = 1300.0
+    link_row: float = 600.0  # plus ~60 bytes per measured link
+    job_record: float = 2500.0
+    plan_record_per_peer: float = 250.0
+
+    def store(self, v: float) -> float:
+        return (self.lookup + self.replicas) * self.rpc + self.replicas * v
+
+    def read(self, records: float, size: float, *, thorough: bool = False) -> float:
+        k = self.beam if thorough else 1
+        return (self.lookup + k) * self.rpc + k * records * size
+
+
+def control_plane_cost(
+    peers: int, *, regions: int = 1, round_s: float | None = None, training: bool = True,
+    cadence: Cadence | None = None, costs: DHTCosts | None = None,
+) -> dict[str, Any]:
+    """Bytes per peer per second of the control plane for a swarm of ``peers`` (see the module docstring).
+
+    ``round_s``: seconds per DiLoCo round while training (None: no round-driven writes). Returns
+    ``bytes_per_peer_s`` (DHT bytes of every node, the coordinator's included, over ``peers``),
+    ``peer_bytes_s`` (a peer's own operations), ``coordinator_bytes_s``, ``coordinator_reads_per_min``
+    and the inputs.
+    """
+    c, d = cadence or Cadence(), costs or DHTCosts()
+    n = max(1, peers)
+    targets = min(n - 1, 3 + 2 * max(0, regions - 1))
+    view = d.read(n, d.peer_record) / max(c.view_s, c.view_per_peer_s * n)
+    links = d.store(d.link_row + 60.0 * targets) / (c.record_ttl_s / 2)
+    jobs = d.read(1, d.job_record, thorough=True) / c.watch_s
+    peer = d.store(d.peer_record) / c.heartbeat_s + view + links + jobs
+    if not training:
+        coordinator, reads = 0.0, 0.0
+    else:
+        per_round = 0.0 if not round_s else 1.0 / round_s
+        peer += d.store(d.progress_record) * (1.0 / c.liveness_s + per_round)
+        reads = 2 * 60.0 / c.coordinator_watch_s
+        coordinator = (2 * d.read(n, d.progress_record) / c.coordinator_watch_s
+                       + d.store(d.plan_record_per_peer * n) * per_round)
+    return {
+        "peers": n, "training": training, "round_s": round_s,
+        "bytes_per_peer_s": peer + coordinator / n,
+        "peer_bytes_s": peer, "coordinator_bytes_s": coordinator, "coordinator_reads_per_min": reads,
+        "cadence": asdict(c),
+    }

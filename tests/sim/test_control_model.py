@@ -1,0 +1,33 @@
+"""The simulator's control-plane model: the same cadence the peers and the coordinator run with, flat in N."""
+
+from __future__ import annotations
+
+from geotrain.cli import build_parser
+from geotrain.config import SwarmSection
+from geotrain.coordinator.coordinator import CoordinatorConfig
+from geotrain.peers.agent import AgentConfig
+from geotrain.sim.control import Cadence, control_plane_cost
+from geotrain.swarm.swarm import SwarmConfig
+
+
+def test_the_models_cadence_is_the_one_peers_and_coordinators_run_with() -> None:
+    c, a = Cadence(), AgentConfig(region="r")
+    cli = build_parser().parse_args(["peer", "--initial-peers", "/ip4/127.0.0.1/tcp/1/p2p/QmX", "--region", "r"])
+    assert c.heartbeat_s == cli.heartbeat
+    assert c.liveness_s == min(SwarmSection().heartbeat_s, a.progress_every_s)
+    assert (c.watch_s, c.view_s, c.view_per_peer_s) == (a.watch_every_s, a.view_every_s, a.view_per_peer_s)
+    assert a.watch_idle_s == c.watch_s
+    assert c.record_ttl_s == SwarmConfig().record_ttl_s
+    assert c.coordinator_watch_s == CoordinatorConfig(job_id="j", report_dir=".").watch_every_s  # type: ignore[arg-type]
+
+
+def test_a_peers_cost_does_not_grow_with_the_swarm_and_the_coordinator_reads_a_constant_number_of_times() -> None:
+    for training in (False, True):
+        per_peer = {n: control_plane_cost(n, regions=4, round_s=60.0, training=training)["bytes_per_peer_s"]
+                    for n in (8, 32, 1000)}
+        assert per_peer[32] / per_peer[8] <= 1.3 and per_peer[1000] / per_peer[8] <= 1.3, per_peer
+    reads = {n: control_plane_cost(n, round_s=60.0)["coordinator_reads_per_min"] for n in (8, 1000)}
+    assert reads[8] == reads[1000] > 0
+    # its bytes do grow with N (it reads every peer's progress, not yet aggregated), linearly
+    coord = {n: control_plane_cost(n, round_s=60.0)["coordinator_bytes_s"] for n in (100, 1000)}
+    assert 5 < coord[1000] / coord[100] < 11
