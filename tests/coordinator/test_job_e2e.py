@@ -40,8 +40,11 @@ def swarm4() -> Iterator[LocalSwarm]:
     independent of each other; the ones that kill or add a peer start their own swarm. The tests that
     use it come last in the module, so it is reaped right after them.
     """
-    with ChildGroup() as group:
+    group = ChildGroup()
+    try:
         yield start_local_swarm(group, regions=["us", "us", "eu", "eu"])
+    finally:
+        group.close(grace=2.0)  # as the `children` fixture (tests/conftest.py)
 
 
 def test_killed_peer_is_replanned_and_job_finishes(children: ChildGroup, tmp_path: Path) -> None:
@@ -103,16 +106,25 @@ def test_joiner_mid_run_is_folded_in_and_pulls_verified_state(children: ChildGro
     late_id = joined[0]["child"].wait_event("ready", timeout=5)["peer_id"]
     reasons = [p["reason"] for p in report["plans"]]
     assert "join" in reasons, reasons
+    # every adoption past the job's first plan took committed state (own, a donor's, a checkpoint): a stage
+    # restarted from the seed mid-run would split its group and set the model back to step 0
     adopted = _plan_events([*swarm.peers, joined[0]["child"]])
-    print("ADOPTED", json.dumps(adopted))
-    print("PLANS", json.dumps([{k: v for k, v in p.items() if k in ("version", "reason", "start_step", "spares")} | {"pipes": [[(s["peer"][:8], s.get("start"), s.get("end")) for s in pp] for pp in p["pipelines"]]} for p in report["plans"]]))
-    print("VAL", json.dumps(report["validation"]))
+    seeded = [e for e in adopted if e["state"] == "seed" and (e["plan_version"] > 1 or e["start_step"] > 0)]
+    assert not seeded, adopted
+    join_t = next(p["t_s"] for p in report["plans"] if p["reason"] == "join")
     last = report["plans"][-1]
     placed = {s["peer"] for pipe in last["pipelines"] for s in pipe} | set(last["spares"])
     assert late_id in placed
     assert report["plans"][-1]["start_step"] > 0  # restarted at a round boundary, not from scratch
     val = [v for v in report["validation"] if v["loss"] is not None]
     assert val[-1]["loss"] < val[0]["loss"] - 0.5, val
+    # the join set nothing back: the last loss after it is no worse than the last one before it, up to noise.
+    # 0.1: consecutive evaluations (every 100 steps, 4 batches) of a plan nobody joined differ by up to 0.09
+    # here, while a stage restarted from the seed costs more than 2 (the loss at step 0 is 5.4, 2.8 at step 800)
+    before = [v for v in val if v["t_s"] < join_t]
+    after = [v for v in val if v["t_s"] > join_t]
+    assert before and after, (join_t, val)
+    assert after[-1]["loss"] <= before[-1]["loss"] + 0.1, (join_t, val)
 
 
 def _plan_events(peers: list[Child]) -> list[dict[str, Any]]:
