@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from geotrain.cli import main as geotrain_main
 from geotrain.cli.run import run_coordinator
 from geotrain.config import job_from_dict
 from geotrain.testing.procs import ChildGroup
-from geotrain.testing.swarm import start_local_swarm
+from geotrain.testing.swarm import LocalSwarm, start_local_swarm
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(420)]
 
@@ -69,7 +70,7 @@ def test_llama_bpe_jsonl_job_exports_a_model_transformers_loads(children: ChildG
                data={"source": "jsonl", "path": str(tmp_path / "corpus.jsonl"), "tokenizer": "bpe:512",
                      "max_bytes": 400_000},
                steps=200, stages=2, min_peers=4)
-    swarm = start_local_swarm(children, regions=["us", "us", "eu", "eu"], job_id="hf-llama", heartbeat_s=1.0)
+    swarm = start_local_swarm(children, regions=["us", "us", "eu", "eu"], job_id="hf-llama")
     run = tmp_path / "run"
     events: list[dict[str, Any]] = []
     report = run_coordinator(None, initial_peers=swarm.maddrs, job_id="hf-llama", report_dir=run,
@@ -107,9 +108,19 @@ def test_llama_bpe_jsonl_job_exports_a_model_transformers_loads(children: ChildG
     torch.testing.assert_close(theirs, ours, atol=1e-5, rtol=1e-5)
 
 
+@pytest.fixture(scope="module")
+def swarm2() -> Iterator[LocalSwarm]:
+    """Two peers (``us``, ``eu``) that follow the newest job: one swarm for both families' jobs."""
+    group = ChildGroup()
+    try:
+        yield start_local_swarm(group, regions=["us", "eu"])
+    finally:
+        group.close(grace=2.0)  # as the `children` fixture (tests/conftest.py)
+
+
 @pytest.mark.parametrize("family", ["qwen2", "mistral"])
 def test_qwen2_and_mistral_jobs_continue_from_pretrained_weights(
-    children: ChildGroup, tmp_path: Path, family: str
+    swarm2: LocalSwarm, tmp_path: Path, family: str
 ) -> None:
     common = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=64, vocab_size=256)
@@ -122,8 +133,7 @@ def test_qwen2_and_mistral_jobs_continue_from_pretrained_weights(
     pretrained.save_pretrained(tmp_path / "pretrained")  # continued pretraining starts from these weights
     job = _job(model={"hf_pretrained": str(tmp_path / "pretrained"), "seq_len": 32},
                data={"max_bytes": 300_000}, steps=20, stages=2, min_peers=2)
-    swarm = start_local_swarm(children, regions=["us", "eu"], job_id=f"hf-{family}", heartbeat_s=1.0)
-    report = run_coordinator(None, initial_peers=swarm.maddrs, job_id=f"hf-{family}", report_dir=tmp_path / "run",
+    report = run_coordinator(None, initial_peers=swarm2.maddrs, job_id=f"hf-{family}", report_dir=tmp_path / "run",
                              job=job)
     val = [v for v in report["validation"] if v["loss"] is not None]
     # the initial model is the pretrained one (not a seeded init), and training lowers its loss
