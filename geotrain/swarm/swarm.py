@@ -258,10 +258,12 @@ class Swarm:
             # Quiet by design: no background re-reads of cached values (every reader polls on its own
             # schedule) and no copy of each found value pushed to a nearer node after every read.
             # A quick read (thorough=False) must come from the swarm, not from this node's copy of an
-            # earlier one: nothing is cached locally (this node's own replicas still answer first).
+            # earlier read or of its own last write (hivemind would return that one record as the whole
+            # dictionary): nothing is cached locally; this node's own replicas still answer first.
             cache_refresh_before_expiry=0,
             cache_nearest=0,
             cache_locally=False,
+            cache_on_store=False,
         )
         self._dht = dht
         try:
@@ -458,7 +460,11 @@ class Swarm:
             expiration = max(get_dht_time() + ttl_s, self._last_expiration.get(kind, 0.0) + 1e-3)
             self._last_expiration[kind] = expiration
         future = self._require().store(
-            dht_key(cfg.swarm, kind), value, expiration, subkey=self._owner_subkey, return_future=True
+            dht_key(cfg.swarm, kind), value, expiration, subkey=self._owner_subkey, return_future=True,
+            # a node in client mode is no replica (nobody else stores there): a copy in its own storage
+            # would be all a quick read of its finds, one record standing for the whole dictionary
+            exclude_self=cfg.client_mode,
+            beam_size=max(cfg.read_beam, 5),
         )
         ok = bool(self._wait(future, f"store {kind}"))
         _ops_log.debug("store %s %d bytes", kind, len(packed))

@@ -186,3 +186,22 @@ def _running(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_a_quick_read_returns_the_swarms_records_not_this_nodes_own_last_write(pair: tuple[Swarm, Swarm]) -> None:
+    """A client-mode node stores no replica: its quick read (one replica's copy) must come from the swarm.
+
+    (hivemind caches a node's own writes: a quick read would then return that one record as the whole
+    dictionary, and a peer would see a swarm of itself.)
+    """
+    boot, member = pair
+    client = Swarm(SwarmConfig(initial_peers=tuple(boot.visible_maddrs()), client_mode=True, **FAST)).start()  # type: ignore[arg-type]
+    try:
+        # (records live 3 heartbeats of 1 s here: both written just before the reads)
+        assert member.publish_peer(peer_record(member.peer_id))
+        assert client.publish_peer(peer_record(client.peer_id))
+        quick = client.get_peers(thorough=False)
+        assert {member.peer_id, client.peer_id} <= set(quick), sorted(quick)
+        assert set(quick) == set(client.get_peers())
+    finally:
+        client.shutdown()
