@@ -549,6 +549,16 @@ class PeerAgent:
                 self._store.configure(keep=job.checkpoint.keep, remote=job.checkpoint.remote)
             except GeotrainError as e:  # e.g. an s3:// remote without s3fs here: no uploads, logged
                 logger.error("checkpoint.remote not usable on this peer: %s", e)
+        spares: list[str] = []  # new to the job past its first plan: the blocks' holders may be spares now
+        if not same_job and plan.spares and (start > 0 or plan.version > 1):
+            try:
+                recs = self.swarm.get_peers(thorough=False)
+                for pid in (p for p in plan.spares if p != self.peer_id and p in recs):
+                    rec = recs[pid]
+                    self.transport.connect(pid, rec.endpoint, region=rec.region, curve_server_key=_curve_key(rec))
+                    spares.append(pid)
+            except GeotrainError as e:  # the plan's peers are still asked
+                logger.info("plan v%d's spares not reachable as state donors: %s", plan.version, e)
         try:
             worker = StageWorker(
                 job,
@@ -561,6 +571,7 @@ class PeerAgent:
                 links=dict(self._links),
                 router=self._sync_router,
                 store=self._store,
+                spares=tuple(spares),
             )
         except GeotrainError as e:
             # e.g. a checkpoint that cannot be read: this peer sits the plan out; the coordinator replans (or,

@@ -192,6 +192,7 @@ def fetch_state(
     have: StageState | None = None,
     timeout: float = 60.0,
     step: int | None = None,
+    min_step: int | None = None,
 ) -> StageState:
     """Gather blocks ``[start, end)`` from donors, best first, until every name in ``need`` is held.
 
@@ -199,7 +200,10 @@ def fetch_state(
     used; a donor that fails verification or does not answer is skipped.
     ``have`` is state already held (it wins over donors' copies). ``donors``
     must be connected on ``transport``. Without ``need``, the first verified
-    reply is enough. With ``step``, only state of checkpoint ``step`` is asked for and accepted.
+    reply is enough. With ``step``, only state of checkpoint ``step`` is asked for and accepted. With
+    ``min_step`` (a replan's start step), a reply stamped with an older step is refused: it is *stale*, the
+    state of a donor that sat out rounds since (a spare kept it from an older plan), and the stage group
+    it would join has moved on.
     """
     need = list(need)
     state = have
@@ -226,6 +230,9 @@ def fetch_state(
             continue
         if step is not None and meta.get("step") != step:
             errors.append(f"{donor}: state of step {meta.get('step')}, not {step}")
+            continue
+        if min_step is not None and int(meta.get("step", 0)) < min_step:
+            errors.append(f"{donor}: stale state of step {meta.get('step')}, before step {min_step}")
             continue
         params = {k[2:]: v for k, v in reply.tensors.items() if k.startswith("p:")}
         momentum = {k[2:]: v for k, v in reply.tensors.items() if k.startswith("o:")}

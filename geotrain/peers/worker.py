@@ -10,6 +10,10 @@ Built when a peer adopts a plan. Where the initial (global) weights come from, i
    held these blocks in the previous plan first, then the fastest measured
    links; every reply verified by size and SHA-256; pieces gathered from several;
    on a resume only state of the resume step, served from memory or the donors' state directories;
+   otherwise no state stamped before the plan's start step (*stale*: what a spare kept from a plan it
+   sat out). A peer new to the job (no previous plan to find the holders in) asks the plan's spares
+   last: the holders a join replan left out are spares now. Own state is stale too when this peer sat
+   out the previous plan: it is fetched instead;
 5. the job's ``checkpoint.remote``, when no live peer holds them (verified like any shard);
 6. the seed, only for a fresh job (step 0: every member builds identical weights without shipping
    them). Past step 0, blocks no reachable peer (nor the remote) holds stop this peer with a
@@ -102,6 +106,7 @@ class StageWorker:
         device: str = "cpu",
         router: GroupRouter | None = None,
         store: StateStore | None = None,
+        spares: tuple[str, ...] = (),
     ) -> None:
         slot_at = plan.slot_of(peer_id)
         if slot_at is None:
@@ -123,6 +128,7 @@ class StageWorker:
                 transport.connect(pid, sl.endpoint, region=sl.region, curve_server_key=key)
 
         self.store = store
+        self.spares = spares  # the plan's spares ``transport`` is connected to: state donors of last resort
         self.state_source = "seed"  # where the initial global state came from (own, checkpoint, store, peers)
         t_state = time.perf_counter()
         state = self._initial_state(previous_state, previous_plan, links or {})
@@ -253,6 +259,13 @@ class StageWorker:
         plan's), else None (seed)."""
         names = [n for n, _ in self.stage.named_parameters()]
         start, end = self.stage.layers
+        sat_out = previous_plan is not None and previous_plan.slot_of(self.peer_id) is None
+        if previous is not None and (sat_out or previous.step < self.plan.start_step):
+            # stale: kept from an older plan, and this peer sat out the one since (a spare while the others
+            # trained on): its rounds are older than its group's, and adopting them would split the group
+            logger.info("own state of step %d predates plan v%d (start step %d): not adopted, fetched instead",
+                        previous.step, self.plan.version, self.plan.start_step)
+            previous = None
         own = previous.select(start, end) if previous is not None else None
         if own is not None and own.covers(names):
             self.state_source = "own"
@@ -266,7 +279,7 @@ class StageWorker:
                 raise StateTransferError(f"checkpoint step {self.plan.resume_step} lacks blocks {self.stage.layers}")
             self.state_source = "checkpoint"
             return ck
-        if self.plan.start_step == 0 and previous_plan is None:
+        if self.plan.start_step == 0 and previous_plan is None and self.plan.version == 1:
             return None  # a fresh job: the seed gives every member identical weights
         # a peer holding nothing of the job yet (new, or a spare until now) past step 0: on a resume, only the
         # checkpoint of the resume step will do
@@ -294,18 +307,27 @@ class StageWorker:
                         key = sl.curve_public_key.encode() if sl.curve_public_key else None
                         self.transport.connect(sl.peer, sl.endpoint, region=sl.region, curve_server_key=key)
         left_out = held_before - plan_peers
+        # a peer new to the job knows no previous plan: the holders the new plan left out are among its spares
+        # (the agent connected those it could reach, ``spares``); asked last
+        spares = set(self.spares) - plan_peers - held_before if previous_plan is None else set()
         donors = sorted(
-            (p for p in plan_peers | left_out if p != self.peer_id),
-            key=lambda m: (m not in plan_peers, m not in held_before, -(links[m].bandwidth_bps if m in links else 0.0)),
+            (p for p in plan_peers | left_out | spares if p != self.peer_id),
+            key=lambda m: (m in spares, m not in plan_peers, m not in held_before,
+                           -(links[m].bandwidth_bps if m in links else 0.0)),
         )
         try:
             got = fetch_state(
                 self.transport, donors, job_id=self.plan.job_id, start=start, end=end, need=names, have=own,
                 timeout=self.job.swarm.round_timeout_s, step=want_step,
+                min_step=self.plan.start_step if want_step is None else None,
             )
             self.state_source = "peers"
             return got
         except StateTransferError as e:
+            if self.plan.start_step == 0 and own is None:
+                # a replan before any round (a joiner's first plan): nobody trained these blocks yet
+                logger.info("blocks [%d, %d): no peer holds state at step 0 (%s); the seed", start, end, e)
+                return None
             remote = self.store.load_remote(self.plan.job_id, want_step if want_step is not None
                                             else self.plan.start_step, start, end) if self.store is not None else None
             if remote is not None:

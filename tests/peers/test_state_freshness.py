@@ -1,0 +1,123 @@
+"""A replan never hands a stage stale or no state (geotrain.peers.worker, "where the initial weights come from").
+
+Real workers of one-stage plans on loopback transports. *Stale* state is state stamped with a step
+before the plan's start step: what a spare kept from a plan it sat out while the others trained on.
+A peer re-placed after sitting a plan out fetches its group's state instead of adopting its own stale
+copy; donors of stale state are refused; a peer new to the job (no previous plan) asks the plan's
+spares too, since the holders the plan left out are spares now.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+
+from geotrain.config import JobSpec, job_from_dict
+from geotrain.errors import StateLostError, StateTransferError
+from geotrain.peers.state import StageState, digest, fetch_state, serve_state
+from geotrain.peers.worker import StageWorker
+from geotrain.plan import JobPlan, StageSlot
+from geotrain.transport import Transport, TransportConfig
+
+JOB = "fresh"
+
+
+@pytest.fixture(scope="module")
+def job() -> JobSpec:
+    return job_from_dict({
+        "job": {"name": "fresh", "seed": 0},
+        "model": {"preset": "tiny"},
+        "data": {"max_bytes": 1 << 18},
+        "pipeline": {"micro_batch_size": 2, "microbatches": 1},
+        "sync": {"every": 5, "codec": "none"},
+        "swarm": {"round_timeout_s": 5},
+    })
+
+
+@pytest.fixture
+def net() -> Iterator[Callable[[str], Transport]]:
+    made: list[Transport] = []
+
+    def make(name: str) -> Transport:
+        t = Transport(TransportConfig(), peer_id=name, region="eu").start()
+        made.append(t)
+        return t
+
+    try:
+        yield make
+    finally:
+        for t in made:
+            t.close()
+
+
+def _plan(job: JobSpec, version: int, peer: str, t: Transport, *, spares: tuple[str, ...] = (),
+          start_step: int = 0) -> JobPlan:
+    blocks = job.model.block_model(job.job.seed).num_blocks
+    return JobPlan(job_id=JOB, version=version, num_blocks=blocks, sync_codec="none", spares=spares,
+                   start_step=start_step,
+                   pipelines=((StageSlot(peer=peer, start=0, end=blocks, endpoint=t.address, region="eu"),),))
+
+
+def _state(job: JobSpec, t: Transport, *, step: int, shift: float) -> StageState:
+    """A whole-model global state of ``step`` (round step / every): the seed's weights plus ``shift``."""
+    w = StageWorker(job, _plan(job, 1, t.peer_id, t), peer_id=t.peer_id, transport=t)
+    try:
+        st = w.state()
+    finally:
+        w.close()
+    params = {n: p + shift for n, p in st.params.items()}
+    return StageState(JOB, step // job.sync.every, step, params, {n: torch.zeros_like(p) for n, p in params.items()})
+
+
+def test_a_spare_placed_again_fetches_its_group_state_not_its_own_stale_copy(
+    job: JobSpec, net: Callable[[str], Transport]
+) -> None:
+    t0, t1 = net("p0"), net("p1")
+    stale = _state(job, t0, step=5, shift=0.5)  # p0's state when plan v2 made it a spare
+    fresh = _state(job, t1, step=20, shift=0.25)  # p1 trained on under v2
+    serve_state(t1, lambda: None, lambda: fresh)
+    v2 = _plan(job, 2, "p1", t1, spares=("p0",), start_step=5)
+    v3 = _plan(job, 3, "p0", t0, spares=("p1",), start_step=20)
+    w = StageWorker(job, v3, peer_id="p0", transport=t0, previous_state=stale, previous_plan=v2)
+    try:
+        assert w.state_source == "peers"
+        assert digest(w.state().params) == digest(fresh.params)
+        assert w.round == 4
+    finally:
+        w.close()
+
+
+def test_a_peer_new_to_the_job_asks_the_spares_the_plan_left_the_holders_as(
+    job: JobSpec, net: Callable[[str], Transport]
+) -> None:
+    t0, t1 = net("p0"), net("p1")
+    held = _state(job, t1, step=20, shift=0.25)
+    serve_state(t1, lambda: None, lambda: held)
+    plan = _plan(job, 2, "p0", t0, spares=("p1",), start_step=20)  # p1, the holder, is a spare now
+    with pytest.raises(StateLostError):  # without the spares nobody is asked: the blocks look lost
+        StageWorker(job, plan, peer_id="p0", transport=t0)
+    t0.connect("p1", t1.address, region="eu")
+    w = StageWorker(job, plan, peer_id="p0", transport=t0, spares=("p1",))
+    try:
+        assert w.state_source == "peers"
+        assert digest(w.state().params) == digest(held.params)
+    finally:
+        w.close()
+
+
+def test_stale_donors_are_refused_for_a_fresh_one(job: JobSpec, net: Callable[[str], Transport]) -> None:
+    old, new, joiner = net("old"), net("new"), net("joiner")
+    stale, fresh = _state(job, old, step=5, shift=0.5), _state(job, new, step=20, shift=0.25)
+    serve_state(old, lambda: None, lambda: stale)
+    serve_state(new, lambda: None, lambda: fresh)
+    joiner.connect("old", old.address)
+    joiner.connect("new", new.address)
+    names = sorted(fresh.params)
+    got = fetch_state(joiner, ["old", "new"], job_id=JOB, start=0, end=99, need=names, timeout=5.0, min_step=20)
+    assert digest(got.params) == digest(fresh.params) and got.step == 20
+    with pytest.raises(StateTransferError, match="stale state of step 5"):
+        fetch_state(joiner, ["old"], job_id=JOB, start=0, end=99, need=names, timeout=5.0, min_step=20)
+    # without a lower bound (a caller that takes any committed state) the first donor's is taken
+    assert fetch_state(joiner, ["old"], job_id=JOB, start=0, end=99, need=names, timeout=5.0).step == 5
