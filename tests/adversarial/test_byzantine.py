@@ -108,9 +108,7 @@ def clean(data: TokenDataset) -> float:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(
-    "aggregation", ["centered_clip", pytest.param("trimmed_mean", marks=pytest.mark.slow)]
-)
+@pytest.mark.parametrize("aggregation", ["centered_clip", "trimmed_mean"])
 @pytest.mark.parametrize("attack", ATTACKS)
 def test_robust_aggregation_keeps_the_loss_within_5_percent(
     data: TokenDataset, clean: float, attack: str, aggregation: str
