@@ -17,6 +17,7 @@ from geotrain.coordinator.report import REPORT_KEYS
 from geotrain.testing.procs import Child, ChildGroup
 from geotrain.testing.swarm import LocalSwarm, start_local_swarm
 
+# one rerun stays: the killed-peer test failed once on a loaded 2-core box (cause not found yet)
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240), pytest.mark.flaky(reruns=1)]
 
 
@@ -31,6 +32,7 @@ def tiny_job(*, steps: int, min_peers: int = 4) -> dict[str, Any]:
         "swarm": {"min_peers": min_peers, "wait_peers_s": 120, "hop_timeout_s": 20, "round_timeout_s": 20},
         "report": {"eval_batches": 4},
     }
+
 
 @pytest.fixture(scope="module")
 def swarm4() -> Iterator[LocalSwarm]:
