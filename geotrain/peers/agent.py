@@ -77,7 +77,7 @@ class AgentConfig:
     watch_every_s: float = 30.0
     watch_idle_s: float = 30.0
     view_every_s: float = 30.0
-    view_per_peer_s: float = 2.5
+    view_per_peer_s: float = 4.0
     progress_every_s: float = 10.0
     stall_wait_s: float = 120.0
     job_id: str | None = None
@@ -275,7 +275,8 @@ class PeerAgent:
             return
         now = time.monotonic()
         keys = [r.curve_public_key for r in peers.values() if r.curve_public_key]
-        job_keys = {j.curve_public_key.encode() for j in self.swarm.get_jobs().values() if j.curve_public_key}
+        job_keys = {j.curve_public_key.encode() for j in self.swarm.get_jobs(thorough=False).values()
+                    if j.curve_public_key}
         if job_keys - set(self._allowed_seen):
             # a coordinator this peer did not admit yet: its news of the job was refused; read the job now
             self._plan_news.poke()
@@ -353,8 +354,11 @@ class PeerAgent:
 
     # -- following the job ------------------------------------------------------------------------
     def _current(self) -> tuple[JobSpec, str, JobPlan] | None:
-        """The job this peer follows and its newest plan, or None."""
-        jobs = self.swarm.get_jobs()
+        """The job this peer follows and its newest plan, or None.
+
+        The job records come from one replica when this is the fallback poll, from all on news.
+        """
+        jobs = self.swarm.get_jobs(thorough=self._plan_news.had_news)
         candidates = [
             (owner, rec) for owner, rec in jobs.items() if self.config.job_id in (None, rec.job_id)
         ]

@@ -3,8 +3,8 @@
 RTT is the median of small request/response pings. Bandwidth is measured by
 bulk requests that grow (at least doubling, or straight to the size the
 last one predicts) until one takes long enough to be meaningful
-(``min_transfer_s``) or reaches ``max_bytes`` (2 MiB: a probe of one link
-moves at most about 4.3 MiB, on loopback too); a transfer's time
+(``min_transfer_s``) or reaches ``max_bytes`` (1.5 MiB: a probe of one link
+moves at most about 3.3 MiB, on loopback too); a transfer's time
 minus one RTT is its serialisation time, and the median over ``rounds``
 transfers of that size is reported. On loopback these are real loopback
 numbers; under emulation or tbf shaping they are the emulated link's.
@@ -29,7 +29,7 @@ BULK = "probe.bulk"
 class ProbeConfig:
     pings: int = 7
     start_bytes: int = 256 << 10
-    max_bytes: int = 2 << 20
+    max_bytes: int = 3 << 19  # 1.5 MiB
     min_transfer_s: float = 0.05
     rounds: int = 2
     ping_timeout_s: float = 3.0  # a peer that does not answer a ping this fast is skipped until the next round

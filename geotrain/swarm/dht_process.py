@@ -75,3 +75,53 @@ def terminate_p2pd(pid: int) -> bool:
         return False
     logger.warning("terminated an orphaned p2pd (pid %d) whose DHT process had died", pid)
     return True
+
+
+#: (Inside the DHT process.) key id -> (when found, the key's nearest other nodes), for direct writes.
+_REPLICAS: dict[Any, tuple[float, list[Any]]] = {}
+
+
+async def store_direct(
+    _dht: DHT, node: Any, *, key: Any, subkey: Any, value: Any, expiration: float, refresh_s: float, beam: int
+) -> bool:
+    """(Runs inside the DHT process, via ``DHT.run_coroutine``.) Store one signed subkey record, quietly.
+
+    hivemind's ``store`` first looks the key's nearest nodes up, and every node a lookup asks answers with
+    the key's whole value: for a dictionary of N records (the peers, their progress) each write then
+    moves O(N) bytes from several nodes. This writes straight to the replicas a lookup found earlier (one
+    lookup per ``refresh_s``, or when fewer than 3 of them, or fewer than all when there are under 3, took
+    the record), so a heartbeat costs its own record times the replicas, whatever N is.
+    """
+    import asyncio
+    import dataclasses
+    import time
+
+    from hivemind.dht.routing import DHTID
+    from hivemind.dht.validation import DHTRecord
+
+    key_id = DHTID.generate(source=key)
+    now = time.monotonic()
+    known = _REPLICAS.get(key_id)
+    if known is None or now - known[0] > refresh_s or not known[1]:
+        found = await node.find_nearest_nodes([key_id], k_nearest=node.num_replicas, beam_size=beam,
+                                              exclude_self=True)
+        known = (now, list(found.get(key_id, {}).values()))
+        _REPLICAS[key_id] = known
+    replicas = known[1]
+    if not replicas:  # alone in the swarm: keep it here, as hivemind's own store would
+        return bool(await node.store(key, value, expiration, subkey=subkey))
+    protocol = node.protocol
+    record = DHTRecord(key_id.to_bytes(), protocol.serializer.dumps(subkey), protocol.serializer.dumps(value),
+                       expiration)
+    if protocol.record_validator is not None:
+        record = dataclasses.replace(record, value=protocol.record_validator.sign_value(record))
+    results = await asyncio.gather(
+        *(protocol.call_store(peer, keys=[key_id], values=[record.value], expiration_time=[expiration],
+                              subkeys=[subkey]) for peer in replicas),
+        return_exceptions=True,
+    )
+    # each answer: a list of one bool per record (None when the RPC failed), or the exception it raised
+    ok = sum(1 for r in results if r is not None and not isinstance(r, BaseException) and len(r) and bool(r[0]))
+    if ok < min(3, len(replicas)):
+        _REPLICAS.pop(key_id, None)  # a replica left or refused: look the key up again next time
+    return ok > 0

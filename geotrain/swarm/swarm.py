@@ -188,6 +188,7 @@ class Swarm:
         #: with a swarm key: records of owners without a valid admission proof are ignored
         self.admission = admission
         self._members: set[str] = set()
+        self._size = 1  # peers in the last read of the peer list (paces the write path's replica lookups)
         self.identity = identity if identity is not None else Identity.ephemeral()
         self._dht: SwarmDHT | None = None
         self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
@@ -371,6 +372,7 @@ class Swarm:
         one replica's copy (a fifth of the bytes; it may miss a record that replica has not got).
         """
         peers = self._get("peers", PeerRecord, owner_field="peer_id", thorough=thorough)
+        self._size = max(1, len(peers))
         if self.admission is not None:
             adm = self.admission
             peers = {p: r for p, r in peers.items() if adm.verify(p, r.curve_public_key, r.admission)}
@@ -380,9 +382,12 @@ class Swarm:
     def get_links(self) -> dict[str, LinkRow]:
         return self._members_only(self._get("links", LinkRow, owner_field="src"))
 
-    def get_jobs(self) -> dict[str, JobRecord]:
-        """Live jobs by the peer id of the coordinator that published them (verified, with a swarm key)."""
-        jobs = self._get("job", JobRecord)
+    def get_jobs(self, *, thorough: bool = True) -> dict[str, JobRecord]:
+        """Live jobs by the peer id of the coordinator that published them (verified, with a swarm key).
+
+        ``thorough=False``: one replica's copy (see :meth:`get_peers`).
+        """
+        jobs = self._get("job", JobRecord, thorough=thorough)
         if self.admission is not None:
             adm = self.admission
             jobs = {o: j for o, j in jobs.items() if adm.verify(o, j.curve_public_key, j.admission)}
@@ -459,12 +464,18 @@ class Swarm:
             # hivemind keeps the entry with the later expiration: each publication must expire later
             expiration = max(get_dht_time() + ttl_s, self._last_expiration.get(kind, 0.0) + 1e-3)
             self._last_expiration[kind] = expiration
-        future = self._require().store(
-            dht_key(cfg.swarm, kind), value, expiration, subkey=self._owner_subkey, return_future=True,
-            # a node in client mode is no replica (nobody else stores there): a copy in its own storage
-            # would be all a quick read of its finds, one record standing for the whole dictionary
-            exclude_self=cfg.client_mode,
-            beam_size=max(cfg.read_beam, 5),
+        from functools import partial
+
+        from geotrain.swarm.dht_process import store_direct
+
+        # straight to the key's replicas, never into this node's own storage: a node that is no replica
+        # (client mode, or not among the nearest) would otherwise hold one record that a quick read of its
+        # own takes for the whole dictionary. The replicas are looked up again (an O(N) answer from each
+        # node asked) every 5 minutes, or 10 s per peer in a large swarm, and whenever most did not answer.
+        future = self._require().run_coroutine(
+            partial(store_direct, key=dht_key(cfg.swarm, kind), subkey=self._owner_subkey, value=value,
+                    expiration=expiration, refresh_s=max(300.0, 10.0 * self._size), beam=max(cfg.read_beam, 5)),
+            return_future=True,
         )
         ok = bool(self._wait(future, f"store {kind}"))
         _ops_log.debug("store %s %d bytes", kind, len(packed))
@@ -478,7 +489,9 @@ class Swarm:
         from hivemind.utils import get_dht_time
 
         future = self._require().get(
-            dht_key(self.config.swarm, kind), latest=thorough, beam_size=self.config.read_beam, return_future=True
+            dht_key(self.config.swarm, kind), latest=thorough, beam_size=self.config.read_beam, return_future=True,
+            # a quick read asks one node at a time and stops at the first copy: one O(N) answer
+            **({} if thorough else {"num_workers": 1}),
         )
         found = self._wait(future, f"get {kind}")
         _ops_log.debug("get %s thorough=%s %d records", kind, thorough,

@@ -49,7 +49,7 @@ def test_a_joining_peer_of_a_swarm_of_16_probes_its_targets_not_15(monkeypatch: 
                for i, (pid, r) in enumerate(view.items())}
     published: list[Any] = []
     swarm = SimpleNamespace(peer_id=me, admission=None, config=SimpleNamespace(record_ttl_s=30.0),
-                            get_peers=lambda **kw: records, get_jobs=lambda: {}, publish_links=published.append)
+                            get_peers=lambda **kw: records, get_jobs=lambda **kw: {}, publish_links=published.append)
     connected: list[str] = []
     transport = SimpleNamespace(config=SimpleNamespace(curve=None),
                                 connect=lambda pid, endpoint, **kw: connected.append(pid))

@@ -202,6 +202,6 @@ def test_a_quick_read_returns_the_swarms_records_not_this_nodes_own_last_write(p
         assert client.publish_peer(peer_record(client.peer_id))
         quick = client.get_peers(thorough=False)
         assert {member.peer_id, client.peer_id} <= set(quick), sorted(quick)
-        assert set(quick) == set(client.get_peers())
+        assert set(quick) <= set(client.get_peers())  # one replica's copy: it may lack a record, never add one
     finally:
         client.shutdown()
