@@ -7,10 +7,11 @@ operation, fitted to what ``benchmarks.control_plane`` measures on loopback (:cl
 
 One operation costs, in bytes sent by every node together (IP and TCP headers included):
 
-- a write (*store*) of a ``v``-byte record: a lookup of the key's nearest nodes (``lookup`` RPCs) and one
-  store RPC to each of the ``replicas`` nearest: ``(lookup + replicas) x rpc + replicas x v``;
-- a quick read of a dictionary of ``m`` records of ``r`` bytes (one replica's copy):
-  ``(lookup + 1) x rpc + m x r``; a thorough read asks ``beam`` replicas: ``(lookup + beam) x rpc + beam x m x r``.
+- a write (*store*) of a ``v``-byte record goes straight to the key's ``replicas``: ``replicas x (rpc + v)``;
+  the replicas are looked up again every ``max(300 s, 10 s x N)``, and every node that lookup asks
+  (``beam``) answers with the whole dictionary: ``beam x (rpc + m x r)`` for ``m`` records of ``r`` bytes;
+- a quick read (one replica's copy): ``(lookup + 1) x rpc + m x r``; a thorough read asks ``beam``
+  replicas: ``(lookup + beam) x rpc + beam x m x r``.
 
 Per peer, idle (joined, no job): a heartbeat every ``heartbeat_s``, a quick read of the peer list every
 ``max(view_s, view_per_peer_s x N)``, a read of the job records every ``watch_s`` and its link row
@@ -37,7 +38,7 @@ class Cadence:
     liveness_s: float = 10.0  # the job's swarm.heartbeat_s (and AgentConfig.progress_every_s): progress
     watch_s: float = 30.0  # AgentConfig.watch_every_s (news wakes it sooner)
     view_s: float = 30.0  # AgentConfig.view_every_s
-    view_per_peer_s: float = 2.5  # AgentConfig.view_per_peer_s
+    view_per_peer_s: float = 4.0  # AgentConfig.view_per_peer_s
     record_ttl_s: float = 120.0  # SwarmConfig.record_ttl_s
     coordinator_watch_s: float = 5.0  # CoordinatorConfig.watch_every_s
 
@@ -47,7 +48,7 @@ class DHTCosts:
     """hivemind's bytes per operation (fitted on loopback: ~1.1 KB per RPC exchange, 5 replicas)."""
 
     rpc: float = 1100.0
-    lookup: float = 3.0
+    lookup: float = 1.0
     replicas: int = 5
     beam: int = 5
     peer_record: float = 1300.0
@@ -57,7 +58,11 @@ class DHTCosts:
     plan_record_per_peer: float = 250.0
 
     def store(self, v: float) -> float:
-        return (self.lookup + self.replicas) * self.rpc + self.replicas * v
+        return self.replicas * (self.rpc + v)
+
+    def relookup_per_s(self, records: float, size: float, peers: int) -> float:
+        """A written key's replica lookup, amortised over its refresh period (bytes per second)."""
+        return self.beam * (self.rpc + records * size) / max(300.0, 10.0 * peers)
 
     def read(self, records: float, size: float, *, thorough: bool = False) -> float:
         k = self.beam if thorough else 1
@@ -79,14 +84,17 @@ def control_plane_cost(
     n = max(1, peers)
     targets = min(n - 1, 3 + 2 * max(0, regions - 1))
     view = d.read(n, d.peer_record) / max(c.view_s, c.view_per_peer_s * n)
-    links = d.store(d.link_row + 60.0 * targets) / (c.record_ttl_s / 2)
-    jobs = d.read(1, d.job_record, thorough=True) / c.watch_s
-    peer = d.store(d.peer_record) / c.heartbeat_s + view + links + jobs
+    row = d.link_row + 60.0 * targets
+    links = d.store(row) / (c.record_ttl_s / 2) + d.relookup_per_s(n, row, n)
+    jobs = d.read(1, d.job_record) / c.watch_s
+    relookups = d.relookup_per_s(n, d.peer_record, n)
+    peer = d.store(d.peer_record) / c.heartbeat_s + relookups + view + links + jobs
     if not training:
         coordinator, reads = 0.0, 0.0
     else:
         per_round = 0.0 if not round_s else 1.0 / round_s
         peer += d.store(d.progress_record) * (1.0 / c.liveness_s + per_round)
+        peer += d.relookup_per_s(n, d.progress_record, n)
         reads = 2 * 60.0 / c.coordinator_watch_s
         coordinator = (2 * d.read(n, d.progress_record) / c.coordinator_watch_s
                        + d.store(d.plan_record_per_peer * n) * per_round)
