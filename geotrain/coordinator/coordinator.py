@@ -202,8 +202,10 @@ class Coordinator:
                 links = self.swarm.get_links()
                 regions = {pid: rec.region for pid, rec in peers.items()}
                 started = {pid: rec.started_at for pid, rec in peers.items()}
+                dial_out = {pid for pid, rec in peers.items() if rec.dial_back}
                 complete = all(  # every peer measured its probe targets (not every pair: probe_targets)
-                    pid in links and set(probe_targets(pid, regions, started=started)) <= set(links[pid].links)
+                    pid in links and set(probe_targets(pid, regions, started=started, dial_out=dial_out))
+                    <= set(links[pid].links)
                     for pid in peers
                 )
                 links_since = links_since or time.monotonic()
@@ -412,10 +414,11 @@ class Coordinator:
                 p not in plan_peers and p not in self.plan.spares for p in peers) else {}
             regions = {pid: rec.region for pid, rec in peers.items()}
             started = {pid: rec.started_at for pid, rec in peers.items()}
+            dial_out = {pid for pid, rec in peers.items() if rec.dial_back}
             joiners = [
                 p for p in peers
-                if p not in plan_peers and p not in self.plan.spares
-                and p in rows and set(probe_targets(p, regions, started=started)) <= set(rows[p].links)
+                if p not in plan_peers and p not in self.plan.spares and p in rows
+                and set(probe_targets(p, regions, started=started, dial_out=dial_out)) <= set(rows[p].links)
             ]
             for p in joiners:
                 if p not in self._run.seen_peers:

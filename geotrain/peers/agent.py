@@ -313,7 +313,8 @@ class PeerAgent:
         started[self.peer_id] = self._started
         regions = {pid: r.region for pid, r in peers.items()}
         regions.setdefault(self.peer_id, self.config.region)
-        wanted = set(probe_targets(self.peer_id, regions, started=started))
+        dial_out = {pid for pid, r in peers.items() if r.dial_back} | ({self.peer_id} if self.transport.dial_out else set())
+        wanted = set(probe_targets(self.peer_id, regions, started=started, dial_out=dial_out))
         with self._lock:
             plan = self._plan
         if plan is not None:

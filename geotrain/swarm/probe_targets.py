@@ -20,12 +20,14 @@ were there before it, so a joiner probes O(regions) older peers and none of
 them probes it back. A new peer therefore costs the swarm one joiner's probes,
 whatever N is. (A pair one side measured stands for both directions in the
 planner.) The plan's partners are probed on top of this, by both sides.
+A peer nobody can dial (behind NAT, ``dial_out``) is nobody's target, and it
+probes its targets whatever their age: it is the only side that can.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 __all__ = ["probe_targets", "LOCAL_TARGETS", "PER_REGION_TARGETS"]
 
@@ -44,6 +46,7 @@ def probe_targets(
     regions: Mapping[str, str],
     *,
     started: Mapping[str, float] | None = None,
+    dial_out: Collection[str] = (),
     local: int = LOCAL_TARGETS,
     per_region: int = PER_REGION_TARGETS,
 ) -> list[str]:
@@ -52,18 +55,19 @@ def probe_targets(
     ``me`` needs an entry in ``regions``; peers absent from it are unknown and never targets.
     ``started`` (peer id -> start time): only peers that started before ``me`` are candidates
     (ties broken by peer id); a peer missing from it counts as older. None: every peer is one.
+    ``dial_out``: the peers nobody can dial; never targets, and ages do not limit their own targets.
     """
     if me not in regions:
         return []
 
     def older(pid: str) -> bool:
-        if started is None or me not in started or pid not in started:
+        if started is None or me not in started or pid not in started or me in dial_out:
             return True
         return (started[pid], pid) < (started[me], me)
 
     by_region: dict[str, list[str]] = {}
     for pid, region in regions.items():
-        if pid != me and older(pid):
+        if pid != me and pid not in dial_out and older(pid):
             by_region.setdefault(region, []).append(pid)
     mine = regions[me]
     chosen: list[str] = []

@@ -45,13 +45,13 @@ def test_a_joining_peer_of_a_swarm_of_16_probes_its_targets_not_15(monkeypatch: 
     view = _swarm(16, 4)
     me = "peer-00"
     records = {pid: SimpleNamespace(region=r, endpoint=f"tcp://127.0.0.1:{5000 + i}", curve_public_key=None,
-                                    started_at=100.0 + i)
+                                    started_at=100.0 + i, dial_back=False)
                for i, (pid, r) in enumerate(view.items())}
     published: list[Any] = []
     swarm = SimpleNamespace(peer_id=me, admission=None, config=SimpleNamespace(record_ttl_s=30.0),
                             get_peers=lambda **kw: records, get_jobs=lambda **kw: {}, publish_links=published.append)
     connected: list[str] = []
-    transport = SimpleNamespace(config=SimpleNamespace(curve=None),
+    transport = SimpleNamespace(config=SimpleNamespace(curve=None), dial_out=False,
                                 connect=lambda pid, endpoint, **kw: connected.append(pid))
     probed: list[str] = []
 
@@ -103,3 +103,12 @@ def test_status_shows_unmeasured_pairs_as_estimated_from_their_regions() -> None
     assert ("a1", "b2") in est and est[("a1", "b2")]["bandwidth_bps"] == 2e6 and est[("a1", "b2")]["rtt_s"] == 0.2
     assert ("a1", "b1") not in est and ("b1", "a1") not in est  # measured in one direction: not estimated
     assert ("b1", "b2") not in est  # region b's own link: nobody measured a pair inside b, so no figure
+
+
+def test_a_peer_nobody_can_dial_is_no_target_and_probes_its_targets_whatever_their_age() -> None:
+    view = _swarm(16, 4)
+    started = {pid: float(i) for i, pid in enumerate(sorted(view))}
+    oldest = min(view, key=started.__getitem__)
+    nat = {oldest}  # behind NAT: the others cannot dial it, so it measures its pairs itself
+    assert probe_targets(oldest, view, started=started, dial_out=nat) == probe_targets(oldest, view)
+    assert all(oldest not in probe_targets(me, view, started=started, dial_out=nat) for me in view)
