@@ -324,8 +324,10 @@ class PeerAgent:
                 continue
             if now - self._probed_at.get(pid, 0.0) < self.config.probe_every_s:
                 continue
-            if self._worker is not None and self._probed_at.get(pid):
-                continue  # training: keep probes off the data plane once every pair has a figure
+            if plan is not None:
+                # in a plan (training, building its stage, or a spare): no bulk probes on the data plane, whose
+                # bytes are the job's now; a pair was measured by its younger side before, or priced by regions
+                continue
             try:
                 self.transport.connect(pid, rec.endpoint, region=rec.region, curve_server_key=_curve_key(rec))
                 m = measure_link(self.transport, pid, self.config.probe)
@@ -350,8 +352,9 @@ class PeerAgent:
             self._emit({"event": "links", "peer_id": self.peer_id, "count": len(self._links)})
         # a target never measured (not yet dialable, refused by a closed swarm's allow-list that has not
         # seen us yet) is retried soon, a few times; then at the normal pace
-        return any(pid in peers and pid not in self._probed_at and self._probe_failures.get(pid, 0) <= 5
-                   for pid in wanted if pid != self.peer_id)
+        return plan is None and any(
+            pid in peers and pid not in self._probed_at and self._probe_failures.get(pid, 0) <= 5
+            for pid in wanted if pid != self.peer_id)
 
     # -- following the job ------------------------------------------------------------------------
     def _current(self) -> tuple[JobSpec, str, JobPlan] | None:
