@@ -26,8 +26,9 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from geotrain.planner.costmodel import CostModel, Prediction, StageAssignment
 from geotrain.planner.objective import Objective
@@ -298,19 +299,22 @@ def pack(cm: CostModel, chosen: Sequence[str], S: int, P: int, *, by: str = "flo
     rows = rows[:P]
     # inside a pipeline, keep region runs together but put faster peers first within a run, so
     # column s gathers similar speeds across pipelines (a stage group runs at its slowest peer)
-    out = []
-    for row in rows:
-        runs: list[list[str]] = []
-        for q in row:
-            if runs and peers[runs[-1][0]].region == peers[q].region:
-                runs[-1].append(q)
-            else:
-                runs.append([q])
-        if by == "memory":
-            out.append(tuple(q for run in runs for q in sorted(run, key=lambda x: (-peers[x].memory_bytes, x))))
+    return tuple(_sorted_in_region_runs(row, peers, by) for row in rows)
+
+
+def _sorted_in_region_runs(row: Sequence[str], peers: Mapping[str, Any], by: str = "flops") -> tuple[str, ...]:
+    """``row`` with each run of same-region peers kept in place, sorted inside by ``by`` (largest first)."""
+    runs: list[list[str]] = []
+    for q in row:
+        if runs and peers[runs[-1][0]].region == peers[q].region:
+            runs[-1].append(q)
         else:
-            out.append(tuple(q for run in runs for q in sorted(run, key=lambda x: (-peers[x].flops, x))))
-    return tuple(out)
+            runs.append([q])
+
+    def key(x: str) -> tuple[float, str]:
+        return (-(peers[x].memory_bytes if by == "memory" else peers[x].flops), x)
+
+    return tuple(q for run in runs for q in sorted(run, key=key))
 
 
 def _region_path(cm: CostModel, regions: Sequence[str]) -> list[str]:
@@ -410,16 +414,7 @@ def pack_regions(cm: CostModel, order: Sequence[str], S: int, P: int) -> Grid:
         chain = [q for r in _region_path(cm, list(left)) for q in left[r]]
         rows.extend(tuple(chain[i * S:(i + 1) * S]) for i in range(min(P - len(rows), len(chain) // S)))
     # fastest first inside a row's region runs, as :func:`pack` does, so columns gather like speeds
-    out = []
-    for row in rows:
-        runs: list[list[str]] = []
-        for q in row:
-            if runs and peers[runs[-1][0]].region == peers[q].region:
-                runs[-1].append(q)
-            else:
-                runs.append([q])
-        out.append(tuple(q for run in runs for q in sorted(run, key=lambda x: (-peers[x].flops, x))))
-    return tuple(out)
+    return tuple(_sorted_in_region_runs(row, peers) for row in rows)
 
 
 def pack_speed_columns(cm: CostModel, chosen: Sequence[str], S: int, P: int) -> Grid:
