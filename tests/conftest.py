@@ -21,3 +21,26 @@ def children() -> Iterator[ChildGroup]:
         yield group
     finally:
         group.close(grace=2.0)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """A backstop behind pytest-timeout: a test still running 2 minutes past its timeout (each attempt's) ends the session.
+
+    pytest-timeout raises in the main thread; a test blocked where that cannot reach (a thread pool waiting
+    on a stalled library thread, a C call) would hang the whole run. Then every thread's stack is printed
+    and the process exits, so the run fails at once, naming where it hung.
+    """
+    import faulthandler
+
+    marker = item.get_closest_marker("timeout")
+    limit = float(marker.args[0]) if marker and marker.args else float(item.config.getini("timeout") or 0)
+    flaky = item.get_closest_marker("flaky")
+    attempts = 1 + int(flaky.kwargs.get("reruns", 0)) if flaky else 1
+    if limit > 0:
+        faulthandler.dump_traceback_later(limit * attempts + 120.0, exit=True)
+    try:
+        yield
+    finally:
+        if limit > 0:
+            faulthandler.cancel_dump_traceback_later()

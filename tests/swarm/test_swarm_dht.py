@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from geotrain.errors import BootstrapError, RecordError, SwarmError
-from geotrain.swarm import JobRecord, LinkMeasurement, LinkRow, PeerRecord, Swarm, SwarmConfig
+from geotrain.swarm import JobRecord, LinkMeasurement, LinkRow, PeerRecord, ProgressRecord, Swarm, SwarmConfig
 
 from .helpers import RawClient, dead_maddr, nested_list_value, nested_tuple_bytes, wait_until
 
@@ -197,11 +197,18 @@ def test_a_quick_read_returns_the_swarms_records_not_this_nodes_own_last_write(p
     boot, member = pair
     client = Swarm(SwarmConfig(initial_peers=tuple(boot.visible_maddrs()), client_mode=True, **FAST)).start()  # type: ignore[arg-type]
     try:
-        # (records live 3 heartbeats of 1 s here: both written just before the reads)
-        assert member.publish_peer(peer_record(member.peer_id))
-        assert client.publish_peer(peer_record(client.peer_id))
-        quick = client.get_peers(thorough=False)
+        # progress records (30 s of lifetime here): a peer record lives 3 heartbeats of 1 s, which a loaded
+        # machine can spend between the two writes and the read
+        def progress(peer_id: str) -> ProgressRecord:
+            return ProgressRecord(
+                peer_id=peer_id, job_id="quick", plan_version=1, step=1, tokens=0, round=0,
+                bytes_sent=0, bytes_received=0, updated_at=time.time(),
+            )  # fmt: skip
+
+        assert member.publish_progress(progress(member.peer_id))
+        assert client.publish_progress(progress(client.peer_id))
+        quick = client.get_progress(thorough=False)
         assert {member.peer_id, client.peer_id} <= set(quick), sorted(quick)
-        assert set(quick) <= set(client.get_peers())  # one replica's copy: it may lack a record, never add one
+        assert set(quick) <= set(client.get_progress())  # one replica's copy: it may lack a record, never add one
     finally:
         client.shutdown()
