@@ -188,7 +188,9 @@ def _running(pid: int) -> bool:
         return False
 
 
-def test_a_quick_read_returns_the_swarms_records_not_this_nodes_own_last_write(pair: tuple[Swarm, Swarm]) -> None:
+def test_a_quick_read_returns_the_swarms_records_not_this_nodes_own_last_write(
+    pair: tuple[Swarm, Swarm],
+) -> None:
     """A client-mode node stores no replica: its quick read (one replica's copy) must come from the swarm.
 
     (hivemind caches a node's own writes: a quick read would then return that one record as the whole
@@ -209,6 +211,7 @@ def test_a_quick_read_returns_the_swarms_records_not_this_nodes_own_last_write(p
         assert client.publish_progress(progress(client.peer_id))
         quick = client.get_progress(thorough=False)
         assert {member.peer_id, client.peer_id} <= set(quick), sorted(quick)
-        assert set(quick) <= set(client.get_progress())  # one replica's copy: it may lack a record, never add one
+        # one replica's copy: it may lack a record, never add one
+        assert set(quick) <= set(client.get_progress())
     finally:
         client.shutdown()
