@@ -148,6 +148,18 @@ class StageFailedError(PipelineError):
         self.step = step
 
 
+class LocalRankError(PipelineError):
+    """A local rank of this peer (a helper process of ``--nproc-per-node``) died or missed a collective.
+
+    The peer cannot compute its stage without it: it leaves the swarm (and is replanned around) rather
+    than hang. ``rank`` names the rank when known.
+    """
+
+    def __init__(self, message: str, *, rank: int | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+
+
 class SyncError(GeotrainError):
     """A DiLoCo round could not complete."""
 

@@ -42,6 +42,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-relay", action="store_true", help="never use libp2p circuit relays for the DHT")
     p.add_argument("--swarm", default="geotrain", help="swarm name (DHT key prefix)")
     p.add_argument("--device", default="cpu", help="torch device: cpu (default), cuda, cuda:N, auto")
+    p.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
+                   help="N local ranks, one peer: --device cuda gives one rank per GPU (NCCL), --device cpu N "
+                        "gloo ranks; each computes a share of every microbatch")
+    p.add_argument("--devices", default=None, metavar="DEV[,DEV...]",
+                   help="the local ranks' devices, e.g. cuda:0,cuda:1,cuda:2,cuda:3 (one rank each)")
     p.add_argument("--job", default=None, help="follow only this job id (default: the newest job)")
     p.add_argument("--heartbeat", type=float, default=30.0, metavar="S",
                    help="period of the peer record's heartbeat (it expires after 3); in a job the peer also "
@@ -86,14 +91,25 @@ def _emit(event: dict[str, Any]) -> None:
 def _run(args: argparse.Namespace) -> int:
     import torch
 
-    from geotrain.errors import GeotrainError
+    from geotrain.errors import ConfigError, GeotrainError
     from geotrain.peers.agent import AgentConfig, PeerAgent
     from geotrain.peers.identity import Identity
+    from geotrain.peers.ranks import resolve_devices
     from geotrain.swarm import Swarm, SwarmConfig
     from geotrain.transport import Transport, TransportConfig
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    try:
+        devices = resolve_devices(args.device, args.nproc_per_node, args.devices)
+    except ConfigError as e:
+        print(f"geotrain peer: error: {e}", file=sys.stderr)
+        return 2
+    rank_threads = args.threads
+    if devices and devices[0] == "cpu" and not args.threads:
+        import os
+
+        rank_threads = max(1, (os.cpu_count() or 1) // len(devices))  # N ranks share the cores
+    if rank_threads:
+        torch.set_num_threads(rank_threads)
     stop = threading.Event()
     agent_ref: list[PeerAgent] = []
 
@@ -133,6 +149,7 @@ def _run(args: argparse.Namespace) -> int:
         try:
             agent = PeerAgent(
                 AgentConfig(region=args.region, usd_per_hour=args.price, device=args.device, job_id=args.job,
+                            devices=devices, rank_threads=rank_threads,
                             probe_every_s=args.probe_every, data_dir=args.data_dir, model_dir=args.model_dir,
                             state_dir=args.state_dir or str(Path.home() / ".cache" / "geotrain" / "state" /
                                                             swarm.peer_id)),
@@ -162,6 +179,7 @@ def _run(args: argparse.Namespace) -> int:
                 "maddrs": swarm.visible_maddrs(),
                 "tflops": record.flops / 1e12,
                 "device": record.device,
+                "local_ranks": agent.local_rank_pids(),  # the helper ranks' process ids (--nproc-per-node)
                 "emulated": bool(emulator),
                 "admission": admission is not None,
             })

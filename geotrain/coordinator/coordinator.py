@@ -383,7 +383,9 @@ class Coordinator:
             try:
                 progress, everyone = self._read_view()
                 self._tell_job(everyone)
-                peers = {pid: rec for pid, rec in everyone.items() if pid in progress}
+                # a peer is alive while its progress is; one that says it left is gone now
+                peers = {pid: rec for pid, rec in everyone.items()
+                         if pid in progress and progress[pid].status != PeerStatus.LEFT}
                 self._admit(peers)
             except GeotrainError as e:
                 logger.info("DHT read failed: %s", e)

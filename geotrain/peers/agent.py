@@ -13,6 +13,10 @@ Lifecycle (``geotrain peer``):
    state (own, a group member's, or the last checkpoint) at the plan's start step;
 5. report progress on the DHT; serve stage state to joiners and the coordinator.
 
+With ``devices`` (``--nproc-per-node``, ``--devices``) the peer starts its other local ranks first
+(:mod:`geotrain.peers.ranks`); it stays one member of the swarm, its record giving the node's compute.
+A local rank that dies makes the peer publish ``left`` and stop: the coordinator plans around it.
+
 What happens when a neighbour dies mid-step: the step fails with
 :class:`~geotrain.errors.StageFailedError`, its gradients are dropped, the
 peer reports ``stalled`` and waits (bounded, with backoff) for a newer plan.
@@ -35,6 +39,7 @@ from geotrain.config import JobSpec, job_from_dict
 from geotrain.errors import (
     ConfigError,
     GeotrainError,
+    LocalRankError,
     StateLostError,
     TransportError,
 )
@@ -85,6 +90,8 @@ class AgentConfig:
     data_dir: str | None = None  # where this peer's copy of the job's data lives (geotrain.peers.localise)
     model_dir: str | None = None  # ... and of its pretrained weights
     state_dir: str | None = None  # this peer's own checkpoints of what it holds (geotrain.peers.statestore)
+    devices: tuple[str, ...] = ()  # 2 or more: one local rank per device, rank 0 here (geotrain.peers.ranks)
+    rank_threads: int | None = None  # torch CPU threads of each helper rank
 
     def __post_init__(self) -> None:
         if self.usd_per_hour < 0:
@@ -150,27 +157,36 @@ class PeerAgent:
         self._sync_router: Any = None  # GroupRouter: sync.ping / sync.ask on this transport, built at start
         self._store: Any = None  # StateStore of config.state_dir, built at start
         self._lost: Any = None  # StateLostError of the current plan: blocks nobody holds (progress reports them)
+        self._ranks: Any = None  # LocalRanks: this peer's other local ranks (config.devices), started at start
 
     # -- setup ------------------------------------------------------------------------------------
     def start(self) -> PeerRecord:
         from geotrain.peers.benchmark import BenchmarkConfig, measure_compute
 
-        compute = measure_compute(BenchmarkConfig(device=self.config.device, max_seconds=self.config.benchmark_s))
+        devices = self.config.devices
+        device = devices[0] if devices else self.config.device
+        compute = measure_compute(BenchmarkConfig(device=device, max_seconds=self.config.benchmark_s))
         # a bf16 job is planned on bf16 speed (tensor cores: several times fp32; a CPU: often slower)
-        bf16 = measure_compute(BenchmarkConfig(device=self.config.device, dtype="bfloat16",
-                                               max_seconds=self.config.benchmark_s))
+        bf16 = measure_compute(BenchmarkConfig(device=device, dtype="bfloat16", max_seconds=self.config.benchmark_s))
         # "auto" resolves to what the benchmark found (cuda, else cpu)
-        self._device = compute.device_type if self.config.device == "auto" else self.config.device
+        self._device = compute.device_type if device == "auto" else device
+        # a node's compute: N distinct accelerators add up; N ranks on one CPU share its cores (no more flops)
+        scale = len(devices) if len(devices) > 1 and len(set(devices)) == len(devices) else 1
+        device_name = compute.device if len(devices) < 2 else f"{compute.device} x{len(devices)} ranks"
+        if len(devices) > 1:
+            from geotrain.peers.ranks import LocalRanks
+
+            self._ranks = LocalRanks(devices, threads=self.config.rank_threads).start()
         started = self._started = time.time()
 
         def make_record() -> PeerRecord:
             return PeerRecord(
                 peer_id=self.peer_id,
                 region=self.config.region,
-                device=compute.device[:128],
-                flops=float(compute.flops),
-                flops_bf16=float(bf16.flops),
-                memory_bytes=int(compute.memory_bytes),
+                device=device_name[:128],
+                flops=float(compute.flops) * scale,
+                flops_bf16=float(bf16.flops) * scale,
+                memory_bytes=int(compute.memory_bytes) * scale,
                 usd_per_hour=float(self.config.usd_per_hour),
                 endpoint=self.transport.address,
                 version=__version__,
@@ -218,6 +234,10 @@ class PeerAgent:
             t.start()
             self._threads.append(t)
         return self._record
+
+    def local_rank_pids(self) -> list[int]:
+        """Process ids of this peer's helper ranks (none without ``devices``)."""
+        return self._ranks.pids() if self._ranks is not None else []
 
     def _locked(self, name: str) -> Any:
         """One of the main thread's fields, read under ``_lock`` (for other threads)."""
@@ -477,13 +497,23 @@ class PeerAgent:
         step = 0
         stalled_since: float | None = None
         while not self._stop.is_set():
+            try:
+                if self._ranks is not None:
+                    self._ranks.check()  # a spare notices a dead rank too, not only a step
+            except LocalRankError as e:
+                self._leave(step, e)
+                return 3
             with self._lock:
                 current = self._latest
             if current is not None:
                 job, _, plan = current
                 mine = self._plan
                 if mine is None or plan.job_id != mine.job_id or plan.version > mine.version:
-                    step = self._adopt(job, plan, step)
+                    try:
+                        step = self._adopt(job, plan, step)
+                    except LocalRankError as e:
+                        self._leave(step, e)
+                        return 3
                     stalled_since = None
                 elif plan.version == mine.version and plan.stop_step != mine.stop_step:
                     # the coordinator moved the stop (tokens, time or budget reached): nothing to rebuild
@@ -502,6 +532,9 @@ class PeerAgent:
                 step += 1
                 with self._lock:
                     self._metrics, self._step_now, self._status = metrics, step, PeerStatus.TRAINING
+            except LocalRankError as e:
+                self._leave(step, e)
+                return 3
             except GeotrainError as e:
                 # a neighbour died or timed out (or a round could not run): wait for the next plan; a retry of
                 # the same step resumes after its optimizer step (StageWorker.step), never applies it twice
@@ -520,9 +553,27 @@ class PeerAgent:
                 self._news.wait(min(2.0, self.config.poll_s * 2))
                 self._news.clear()
         self._retire()
+        self._close_local()
+        return 0
+
+    def _close_local(self) -> None:
         if self._store is not None:
             self._store.close()
-        return 0
+        if self._ranks is not None:
+            self._ranks.close()
+
+    def _leave(self, step: int, error: Exception) -> None:
+        """A local rank died (or missed a collective): say ``left`` and stop; the coordinator plans around us."""
+        logger.error("step %d: %s; this peer leaves the job", step, error)
+        self._emit({"event": "error", "peer_id": self.peer_id, "step": step, "error": str(error),
+                    "kind_of": "local_rank"})
+        with self._lock:
+            self._status = PeerStatus.LEFT
+        self._publish_progress(step, self._metrics)
+        self._tell_coordinator()
+        self.stop()
+        self._retire()
+        self._close_local()
 
     def _adopt(self, job: JobSpec, plan: JobPlan, step: int) -> int:
         """Switch to ``plan``: rebuild this peer's worker (or become a spare). Returns the step to run next."""
@@ -576,11 +627,14 @@ class PeerAgent:
                 previous_state=kept,
                 previous_plan=previous if same_job else None,
                 device=self._device,
+                local=self._ranks,
                 links=dict(self._links),
                 router=self._sync_router,
                 store=self._store,
                 spares=tuple(spares),
             )
+        except LocalRankError:
+            raise  # the peer leaves (run)
         except GeotrainError as e:
             # e.g. a checkpoint that cannot be read: this peer sits the plan out; the coordinator replans (or,
             # for blocks nobody holds any more, stops the job: progress reports them)

@@ -107,6 +107,7 @@ class StageWorker:
         router: GroupRouter | None = None,
         store: StateStore | None = None,
         spares: tuple[str, ...] = (),
+        local: Any = None,
     ) -> None:
         slot_at = plan.slot_of(peer_id)
         if slot_at is None:
@@ -119,6 +120,8 @@ class StageWorker:
         seed = job.job.seed
         self.device = torch.device(device)
         self.stage = build_stage(job.model.block_model(seed), slot.layers, seed).to(self.device)
+        if local is not None:  # the peer's other local ranks build their copies (geotrain.peers.ranks)
+            local.build(job.model, slot.layers, seed, self.stage, compute_dtype=job.model.dtype)
         # connect every peer of the plan: neighbours, the other end (tied weights), group members, state donors
         everyone = {sl.peer: sl for pp in plan.pipelines for sl in pp}
         groups = plan.groups_of(peer_id)
@@ -176,6 +179,7 @@ class StageWorker:
             next_peer=pipe[s + 1].peer if s + 1 < len(pipe) else None,
             end_peer=(pipe[-1].peer if s == 0 else pipe[0].peer) if len(pipe) > 1 else None,
             data=data,
+            local=local,
         )
         named = dict(self.stage.named_parameters())
         # state() is served from the transport's handler threads: never read half a commit. The syncs hold it

@@ -28,6 +28,8 @@ class LocalPipeline:
 
     ``codecs``: optional per-hop ``(act_codec, grad_codec)``, hop ``s`` being stage s -> s + 1.
     ``emulator``: optional factory ``stage -> LinkEmulator`` for shaped links.
+    ``local``: optional ``(LocalRanks, ModelSection)`` by stage: that stage spread over the local ranks
+    (:mod:`geotrain.peers.ranks`; ``model`` must be the one the section builds).
     """
 
     def __init__(
@@ -43,6 +45,7 @@ class LocalPipeline:
         transport_config: TransportConfig | None = None,
         emulator: Callable[[int], Any] | None = None,
         optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer] | None = None,
+        local: dict[int, tuple[Any, Any]] | None = None,
     ) -> None:
         n = len(layers)
         self.peers = [f"{name}-s{s}" for s in range(n)]
@@ -57,6 +60,8 @@ class LocalPipeline:
                     if o != s:
                         t.connect(self.peers[o], other.address, region=f"r{o}")
             self.stages = [build_stage(model, r, seed) for r in layers]
+            for s, (ranks, section) in (local or {}).items():
+                ranks.build(section, layers[s], seed, self.stages[s], compute_dtype=config.compute_dtype)
             self.runtimes: list[StageRuntime] = []
             for s, st in enumerate(self.stages):
                 act, grad = "none", "none"
@@ -74,6 +79,7 @@ class LocalPipeline:
                         end_peer=self.peers[n - 1 - s] if s in (0, n - 1) and n > 1 else None,
                         data=data if s == 0 or (s == n - 1 and not cfg.targets_from_first) else None,
                         optimizer=optimizer(st) if optimizer else None,
+                        local=(local or {}).get(s, (None, None))[0],
                     )
                 )
         except BaseException:

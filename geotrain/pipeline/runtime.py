@@ -103,6 +103,7 @@ class StageRuntime:
         end_peer: str | None = None,
         data: Callable[[int], torch.Tensor] | None = None,
         optimizer: torch.optim.Optimizer | None = None,
+        local: Any = None,
     ) -> None:
         c = config
         if stage.is_first != c.is_first or stage.is_last != c.is_last:
@@ -124,6 +125,9 @@ class StageRuntime:
         # where this stage computes: what arrives off the wire (always CPU) is moved there
         self.device = next((p.device for p in stage.parameters()), torch.device("cpu"))
         self.prev_peer, self.next_peer, self.end_peer, self.data = prev_peer, next_peer, end_peer, data
+        # LocalRanks (geotrain.peers.ranks): this stage's copies on the peer's other local ranks, each computing
+        # a share of every microbatch; their gradients are summed into this copy's before the optimizer step
+        self.local = local
         self.optimizer = optimizer or torch.optim.AdamW(
             stage.parameters(), lr=c.lr, betas=c.betas, weight_decay=c.weight_decay
         )
@@ -148,6 +152,8 @@ class StageRuntime:
         """Forward/backward over all microbatches, sum tied gradients, optimizer step; raises StageFailedError."""
         t0 = time.perf_counter()
         loss, compute_s, tokens = self.forward_backward(step)
+        if self.local is not None:
+            self.local.reduce_grads()
         self.sync_tied_grads(step)
         t1 = time.perf_counter()
         schedule = self.config.lr_schedule
@@ -165,6 +171,11 @@ class StageRuntime:
         c = self.config
         self._begin(step)
         self.optimizer.zero_grad(set_to_none=True)
+        if self.local is not None:
+            # the helpers drop what a failed step left them and take this copy's weights, as the last optimizer
+            # step, a round or a state load left them
+            self.local.reset()
+            self.local.set_params()
         try:
             return self._run_schedule(step)
         except BaseException:
@@ -289,8 +300,12 @@ class StageRuntime:
                 x = inputs[i] if c.is_first else self._recv_act(step, i)
                 t0 = time.perf_counter()
                 with self._autocast():
-                    out = self.stage(x)
-                    loss = self.stage.loss(out, targets[i]) if c.is_last else None
+                    if self.local is not None:  # spread over the local ranks: the output, or the loss
+                        res = self.local.forward(x, i, targets[i] if c.is_last else None)
+                        out, loss = (res, res) if c.is_last else (res, None)
+                    else:
+                        out = self.stage(x)
+                        loss = self.stage.loss(out, targets[i]) if c.is_last else None
                 if loss is not None:
                     loss_sum += float(loss.detach())
                     held_out[i] = loss / m

@@ -172,7 +172,9 @@ class PeerStatus(str, Enum):  # noqa: UP042 (StrEnum needs Python 3.11; geotrain
     - ``training``: running inner steps of its stage under the current plan;
     - ``stalled``: an inner step failed (a neighbour died or timed out); waiting for a newer plan;
     - ``done``: reached the plan's stop step and wrote its final state;
-    - ``spare``: alive and measured, but the current plan gives it no stage.
+    - ``spare``: alive and measured, but the current plan gives it no stage;
+    - ``left``: the peer is leaving the job (one of its local ranks died): plan around it at once. A node
+      of an older version refuses the record, which reads as the peer being gone: the same outcome.
     """
 
     IDLE = "idle"
@@ -181,6 +183,7 @@ class PeerStatus(str, Enum):  # noqa: UP042 (StrEnum needs Python 3.11; geotrain
     STALLED = "stalled"
     DONE = "done"
     SPARE = "spare"
+    LEFT = "left"
 
 
 #: The float codes older peers wrote in ``ProgressRecord.stats["status"]``: decoded, never written.
