@@ -81,6 +81,44 @@ class StepMetrics:
         return asdict(self)
 
 
+class _ComputeClock:
+    """Seconds a stage spends in its forward and backward calls.
+
+    On the CPU, wall time around each call. On a GPU a call returns once its kernels are launched, so host
+    time would count launches: there a CUDA event pair brackets each call on the current stream, and
+    :meth:`seconds` waits for the last one and sums the pairs' elapsed times.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self._total = 0.0
+        self._t0 = 0.0
+        self._open: Any = None
+        self._pairs: list[tuple[Any, Any]] = []
+
+    def start(self) -> None:
+        if self.cuda:
+            self._open = torch.cuda.Event(enable_timing=True)
+            self._open.record()
+        else:
+            self._t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._pairs.append((self._open, end))
+        else:
+            self._total += time.perf_counter() - self._t0
+
+    def seconds(self) -> float:
+        if self._pairs:
+            self._pairs[-1][1].synchronize()
+            self._total += sum(a.elapsed_time(b) for a, b in self._pairs) / 1000.0
+            self._pairs = []
+        return self._total
+
+
 class StageRuntime:
     """Runs one stage's part of each inner step (see the module docstring).
 
@@ -293,12 +331,12 @@ class StageRuntime:
             targets = list(y.chunk(m))
         held_in: dict[int, torch.Tensor] = {}
         held_out: dict[int, torch.Tensor] = {}
-        loss_sum = 0.0
-        compute = 0.0
+        losses: list[torch.Tensor] = []  # read once at the end: a float() per microbatch would sync a GPU
+        clock = _ComputeClock(self.device)
         for op, i in self.ops:
             if op == "F":
                 x = inputs[i] if c.is_first else self._recv_act(step, i)
-                t0 = time.perf_counter()
+                clock.start()
                 with self._autocast():
                     if self.local is not None:  # spread over the local ranks: the output, or the loss
                         res = self.local.forward(x, i, targets[i] if c.is_last else None)
@@ -307,11 +345,11 @@ class StageRuntime:
                         out = self.stage(x)
                         loss = self.stage.loss(out, targets[i]) if c.is_last else None
                 if loss is not None:
-                    loss_sum += float(loss.detach())
+                    losses.append(loss.detach().float())
                     held_out[i] = loss / m
                 else:
                     held_out[i] = out
-                compute += time.perf_counter() - t0
+                clock.stop()
                 if not c.is_first:
                     held_in[i] = x
                 if not c.is_last:
@@ -320,15 +358,16 @@ class StageRuntime:
             else:
                 out = held_out.pop(i)
                 grad = None if c.is_last else self._recv_grad(step, i, out)
-                t0 = time.perf_counter()
+                clock.start()
                 out.backward(grad)
-                compute += time.perf_counter() - t0
+                clock.stop()
                 if not c.is_first:
                     x = held_in.pop(i)
                     assert self.prev_peer is not None and x.grad is not None
                     self._send(self.prev_peer, "pp.grad", (i,), step, {"g": x.grad})
         self._flush(step)
-        return (loss_sum / m if c.is_last else None), compute, tokens
+        loss_sum = float(torch.stack(losses).double().sum()) if losses else 0.0
+        return (loss_sum / m if c.is_last else None), clock.seconds(), tokens
 
     def _recv_act(self, step: int, mb: int) -> torch.Tensor:
         assert self.prev_peer is not None
