@@ -45,7 +45,7 @@ def test_two_rank_peers_train_and_a_dead_rank_takes_its_peer_out(children: Child
         "data": {"max_bytes": 1 << 20},
         "pipeline": {"stages": 1, "pipelines": 2, "micro_batch_size": 4, "microbatches": 2},
         "sync": {"every": 5, "codec": "int8"},
-        "stop": {"steps": 300},
+        "stop": {"steps": 600},  # long enough that the kill lands mid-job on a fast machine too
         "checkpoint": {"allow_seed_restart": True},
         "swarm": {"min_peers": 3, "wait_peers_s": 120, "hop_timeout_s": 10, "round_timeout_s": 10},
         "report": {"eval_batches": 2},
