@@ -11,14 +11,17 @@ transport each, as :mod:`benchmarks.workers`) train ``2 * every`` inner steps wi
   the same run (the baseline);
 - ``resume_load_s``: a peer loading its blocks back from its own state directory (verified);
 - ``resume_fetch_s``: a fresh peer fetching a stage's blocks of that step from a donor over the data
-  plane (loopback ZMQ, verified by SHA-256).
+  plane (loopback ZMQ, verified by SHA-256);
+- ``multi_donor``: the same fetch with each of the stage's two holders behind a TCP relay capping it at
+  ``--link-mbit`` (a slow WAN link per donor), from one donor (``one_s``) and in chunks from both at once
+  (``chunked_s``, verified whole); ``speedup`` is their ratio.
 
 It then checks the point of the exercise: fresh workers resumed at step ``every`` from copies of the
 state directories and run to ``2 * every`` end with global parameters bitwise equal to those of the
 uninterrupted run (``bitwise_resume``), which needs the local state (error-feedback residuals, AdamW
 moments) restored too.
 
-    python -m benchmarks.checkpoint [--presets tiny,small] [--every 5] [--tiny]
+    python -m benchmarks.checkpoint [--presets tiny,small] [--every 5] [--link-mbit 100] [--tiny]
 
 Prints one JSON line per preset and a summary line; exit 1 if a resume was not bitwise.
 """
@@ -92,7 +95,43 @@ def _train(job: Any, plan: Any, transports: dict[str, Any], stores: dict[str, An
     return out
 
 
-def run_preset(preset: str, *, every: int, micro_batch: int, microbatches: int, root: Path) -> dict[str, Any]:
+def _multi_donor_fetch(plan: Any, stores: dict[str, Any], step: int, blocks: tuple[int, int],
+                       link_mbit: float) -> dict[str, Any]:
+    """A fresh peer fetching stage 0's blocks of ``step`` from its two holders, each reached through a TCP relay
+    that caps the replies at ``link_mbit`` (one slow WAN link per donor): from one donor, then in chunks from
+    both at once."""
+    import contextlib
+
+    from geotrain.peers.state import digest, fetch_state, serve_state
+    from geotrain.testing.faultproxy import Fault, FaultProxy, FaultProxyConfig
+    from geotrain.transport import Transport, TransportConfig
+
+    holders = [pipe[0].peer for pipe in plan.pipelines]
+    cap = Fault(kind="rate", rate_bytes_per_s=link_mbit * 1e6 / 8, direction="down")
+    with contextlib.ExitStack() as stack:
+        donors = {pid: stack.enter_context(Transport(TransportConfig(), peer_id=pid).start()) for pid in holders}
+        joiner = stack.enter_context(Transport(TransportConfig(), peer_id="joiner").start())
+        for pid, t in donors.items():
+            store = stores[pid]
+            serve_state(t, lambda: None, lambda: None, lambda j, s0, e0, st, store=store: store.load(j, st, s0, e0))
+            proxy = stack.enter_context(FaultProxy(FaultProxyConfig(target=t.address, fault=cap)))
+            joiner.connect(pid, proxy.address)
+        mine = stores[holders[0]].load(plan.job_id, step, *blocks)
+        assert mine is not None
+        sizes = {n: t.numel() for n, t in mine.params.items()}
+        out: dict[str, Any] = {"link_mbit": link_mbit, "donors": len(holders)}
+        for label, parallel in (("one", 1), ("chunked", len(holders))):
+            t0 = time.perf_counter()
+            got = fetch_state(joiner, holders, job_id=plan.job_id, start=blocks[0], end=blocks[1],
+                              need=list(mine.params), timeout=300, step=step, sizes=sizes, parallel=parallel)
+            out[f"{label}_s"] = time.perf_counter() - t0
+            out[f"{label}_bitwise"] = digest(got.params) == digest(mine.params)
+        out["speedup"] = out["one_s"] / out["chunked_s"]
+        return out
+
+
+def run_preset(preset: str, *, every: int, micro_batch: int, microbatches: int, root: Path,
+               link_mbit: float = 100.0) -> dict[str, Any]:
     import dataclasses
 
     from geotrain.peers.state import digest, fetch_state, serve_state
@@ -138,6 +177,7 @@ def run_preset(preset: str, *, every: int, micro_batch: int, microbatches: int, 
         finally:
             joiner.close()
         fetched_ok = digest(got.params) == digest(mine.params)
+        multi = _multi_donor_fetch(plan, stores, every, (a, b), link_mbit)
         for s in stores.values():
             s.close()
     finally:
@@ -170,7 +210,7 @@ def run_preset(preset: str, *, every: int, micro_batch: int, microbatches: int, 
         "bench": "checkpoint", "preset": preset, "params": params, "every": every, "checkpoints": n,
         "size_bytes": round(size), "write_s": write, "stall_s": full["stall_s"], "submit_wait_s": wait,
         "step_s": full["step_s"], "stall_over_step": full["stall_s"] / full["step_s"],
-        "resume_load_s": load_s, "resume_fetch_s": fetch_s, "fetched_bitwise": fetched_ok,
+        "resume_load_s": load_s, "resume_fetch_s": fetch_s, "fetched_bitwise": fetched_ok, "multi_donor": multi,
         "resumed_from": resumed["sources"], "local_state_restored": resumed["local_restored"],
         "bitwise_resume": bitwise, "max_abs_diff": worst,
     }
@@ -182,6 +222,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--every", type=int, default=5)
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--microbatches", type=int, default=2)
+    ap.add_argument("--link-mbit", type=float, default=100.0,
+                    help="each donor's shaped link for the multi-donor fetch (Mbit/s)")
     ap.add_argument("--tiny", action="store_true", help="smoke mode: the tiny preset, 2 steps a round, small batches")
     args = ap.parse_args(argv)
     presets = ["tiny"] if args.tiny else [p for p in args.presets.split(",") if p]
@@ -189,8 +231,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ok = True
     for preset in presets:
         with tempfile.TemporaryDirectory(prefix="gt-bench-ckpt-") as tmp:
-            line = run_preset(preset, every=every, micro_batch=mb, microbatches=mbs, root=Path(tmp))
+            line = run_preset(preset, every=every, micro_batch=mb, microbatches=mbs, root=Path(tmp),
+                              link_mbit=args.link_mbit)
         ok &= line["bitwise_resume"] and line["fetched_bitwise"] and line["resumed_from"] == ["store"]
+        ok &= line["multi_donor"]["one_bitwise"] and line["multi_donor"]["chunked_bitwise"]
         print(json.dumps(line), flush=True)
     print(json.dumps({"event": "summary", "ok": ok}), flush=True)
     return 0 if ok else 1

@@ -12,7 +12,10 @@ in that range (``p:<name>`` global parameter, ``o:<name>`` outer momentum), and
 in its meta the round, the names, the total byte count and a SHA-256 over
 names and bytes. The receiver verifies count and hash before any tensor is
 used: a truncated or altered transfer is refused (StateTransferError) and the
-next donor is tried, fastest link first.
+next donor is tried, fastest link first. A request may list ``names`` (a chunk
+of the piece): the reply then carries those tensors only, and in its meta
+``whole_sha256``, the hash of the whole piece, so a receiver that fetched
+chunks from several donors at once checks they make one donor's state.
 """
 
 from __future__ import annotations
@@ -113,6 +116,10 @@ class StageState:
         return StageState(self.job_id, self.round, self.step, self.params, self.momentum)
 
 
+#: names one ``state.get`` request may list (a chunk of a stage's parameters)
+MAX_NAMES = 4096  # (a request header holds 64 KiB: a chunk of a big stage lists some hundreds)
+
+
 def digest(tensors: Mapping[str, torch.Tensor]) -> tuple[str, int]:
     """SHA-256 and byte count over (name, bytes) in name order."""
     h = hashlib.sha256()
@@ -150,6 +157,10 @@ def serve_state(
             return Message(kind=KIND + ".err", meta={"error": "bad request"})
         if step is not None and not isinstance(step, int):
             return Message(kind=KIND + ".err", meta={"error": "bad request"})
+        names = meta.get("names")
+        if names is not None and (not isinstance(names, list) or len(names) > MAX_NAMES
+                                  or not all(isinstance(n, str) for n in names)):
+            return Message(kind=KIND + ".err", meta={"error": "bad request"})
         worker = current()
         pieces = [worker.state() if worker is not None else None, previous()]
         if step is not None and stored is not None:
@@ -171,10 +182,18 @@ def serve_state(
             return Message(kind=KIND + ".err", meta={"error": "no state for those blocks of that job"})
         tensors = {f"p:{n}": t for n, t in piece.params.items()}
         tensors.update({f"o:{n}": t for n, t in piece.momentum.items()})
+        chunk_meta: dict[str, Any] = {}
+        if names is not None:  # a chunk: only those names, and the hash of the whole piece they belong to
+            chunk_meta["whole_sha256"] = digest(tensors)[0]
+            wanted = set(names)
+            tensors = {k: t for k, t in tensors.items() if k[2:] in wanted}
+            if not tensors:
+                return Message(kind=KIND + ".err", meta={"error": "none of those names in those blocks"})
         sha, nbytes = digest(tensors)
         return Message(
             kind=KIND + ".ok",
-            meta={"round": piece.round, "step": piece.step, "sha256": sha, "nbytes": nbytes, "names": sorted(tensors)},
+            meta={"round": piece.round, "step": piece.step, "sha256": sha, "nbytes": nbytes, "names": sorted(tensors),
+                  **chunk_meta},
             tensors=tensors,
         )
 
@@ -193,6 +212,8 @@ def fetch_state(
     timeout: float = 60.0,
     step: int | None = None,
     min_step: int | None = None,
+    sizes: Mapping[str, int] | None = None,
+    parallel: int = 1,
 ) -> StageState:
     """Gather blocks ``[start, end)`` from donors, best first, until every name in ``need`` is held.
 
@@ -204,39 +225,33 @@ def fetch_state(
     ``min_step`` (a replan's start step), a reply stamped with an older step is refused: it is *stale*, the
     state of a donor that sat out rounds since (a spare kept it from an older plan), and the stage group
     it would join has moved on.
+
+    ``parallel`` > 1 (with ``need``, ``sizes``: elements per name, and nothing in ``have``): the names are
+    cut into that many chunks of about equal bytes, asked of that many donors at once (a chunk a donor
+    cannot give goes to the next donor). Every donor also sends the SHA-256 of the whole piece it holds;
+    chunks are kept only from donors of the best donor's round, step and whole-piece hash, and the
+    assembled state must hash to it: one donor's state, verified whole, fetched over several links. If
+    that cannot be had, donors are asked one at a time as without ``parallel``.
     """
     need = list(need)
+    donors = list(donors)
+    if parallel > 1 and need and sizes and have is None and len(donors) > 1 and len(need) > 1:
+        try:
+            return _fetch_chunked(transport, donors, job_id=job_id, start=start, end=end, need=need, sizes=sizes,
+                                  timeout=timeout, step=step, min_step=min_step, parallel=parallel)
+        except StateTransferError as e:
+            logger.info("blocks [%d, %d): chunked fetch failed (%s); asking one donor at a time", start, end, e)
     state = have
     errors = []
     for donor in donors:
         if state is not None and (state.covers(need) if need else state.params):
             break
-        ask: dict[str, Any] = {"job_id": job_id, "start": start, "end": end}
-        if step is not None:
-            ask["step"] = step
-        try:
-            reply = transport.request(donor, Message(kind=KIND, meta=ask), timeout=timeout)
-        except TransportError as e:
-            errors.append(f"{donor}: {e}")
+        got_or_error = _ask(transport, donor, job_id=job_id, start=start, end=end, timeout=timeout, step=step,
+                            min_step=min_step)
+        if isinstance(got_or_error, str):
+            errors.append(got_or_error)
             continue
-        meta = reply.meta
-        if reply.kind != KIND + ".ok":
-            errors.append(f"{donor}: {meta.get('error', reply.kind)}")
-            continue
-        sha, nbytes = digest(reply.tensors)
-        if sorted(reply.tensors) != meta.get("names") or nbytes != meta.get("nbytes") or sha != meta.get("sha256"):
-            errors.append(f"{donor}: state failed verification (size or hash mismatch)")
-            logger.warning("state from %s failed verification; trying the next donor", donor)
-            continue
-        if step is not None and meta.get("step") != step:
-            errors.append(f"{donor}: state of step {meta.get('step')}, not {step}")
-            continue
-        if min_step is not None and int(meta.get("step", 0)) < min_step:
-            errors.append(f"{donor}: stale state of step {meta.get('step')}, before step {min_step}")
-            continue
-        params = {k[2:]: v for k, v in reply.tensors.items() if k.startswith("p:")}
-        momentum = {k[2:]: v for k, v in reply.tensors.items() if k.startswith("o:")}
-        got = StageState(job_id, int(meta.get("round", 0)), int(meta.get("step", 0)), params, momentum)
+        got = got_or_error.state
         if state is None:
             state = got
         else:
@@ -250,3 +265,122 @@ def fetch_state(
     raise StateTransferError(
         f"no verified state for blocks [{start}, {end}) (missing e.g. {missing}): " + "; ".join(errors)
     )
+
+
+@dataclass
+class _Reply:
+    """One verified ``state.get`` reply: the state it carries and the donor's hash of its whole piece."""
+
+    state: StageState
+    whole: str | None
+
+
+def _ask(
+    transport: Transport, donor: str, *, job_id: str, start: int, end: int, timeout: float, step: int | None,
+    min_step: int | None, names: list[str] | None = None,
+) -> _Reply | str:
+    """Ask ``donor`` for blocks ``[start, end)`` (only ``names``, if given); a verified reply, or why not."""
+    ask: dict[str, Any] = {"job_id": job_id, "start": start, "end": end}
+    if step is not None:
+        ask["step"] = step
+    if names is not None:
+        ask["names"] = names
+    try:
+        reply = transport.request(donor, Message(kind=KIND, meta=ask), timeout=timeout)
+    except TransportError as e:
+        return f"{donor}: {e}"
+    meta = reply.meta
+    if reply.kind != KIND + ".ok":
+        return f"{donor}: {meta.get('error', reply.kind)}"
+    sha, nbytes = digest(reply.tensors)
+    if sorted(reply.tensors) != meta.get("names") or nbytes != meta.get("nbytes") or sha != meta.get("sha256"):
+        logger.warning("state from %s failed verification; trying the next donor", donor)
+        return f"{donor}: state failed verification (size or hash mismatch)"
+    if step is not None and meta.get("step") != step:
+        return f"{donor}: state of step {meta.get('step')}, not {step}"
+    if min_step is not None and int(meta.get("step", 0)) < min_step:
+        return f"{donor}: stale state of step {meta.get('step')}, before step {min_step}"
+    params = {k[2:]: v for k, v in reply.tensors.items() if k.startswith("p:")}
+    momentum = {k[2:]: v for k, v in reply.tensors.items() if k.startswith("o:")}
+    if names is not None and sorted(params) != sorted(names):
+        return f"{donor}: holds {len(params)} of the {len(names)} names asked"
+    whole = meta.get("whole_sha256")
+    return _Reply(StageState(job_id, int(meta.get("round", 0)), int(meta.get("step", 0)), params, momentum),
+                  whole if isinstance(whole, str) else None)
+
+
+def split_by_size(names: list[str], sizes: Mapping[str, int], parts: int) -> list[list[str]]:
+    """``names`` in ``parts`` non-empty chunks of about equal total size (largest first into the lightest)."""
+    parts = max(1, min(parts, len(names)))
+    bins: list[list[str]] = [[] for _ in range(parts)]
+    load = [0] * parts
+    for n in sorted(names, key=lambda n: (-sizes.get(n, 0), n)):
+        k = min(range(parts), key=lambda b: (load[b], b))
+        bins[k].append(n)
+        load[k] += sizes.get(n, 0)
+    return [sorted(b) for b in bins if b]
+
+
+def _fetch_chunked(
+    transport: Transport, donors: list[str], *, job_id: str, start: int, end: int, need: list[str],
+    sizes: Mapping[str, int], timeout: float, step: int | None, min_step: int | None, parallel: int,
+) -> StageState:
+    import concurrent.futures
+
+    chunks = split_by_size(need, sizes, min(parallel, len(donors)))
+    tried: dict[int, set[int]] = {i: set() for i in range(len(chunks))}
+    got: dict[int, tuple[int, _Reply]] = {}  # chunk -> (donor index, reply)
+    errors: list[str] = []
+
+    def ask(i: int, d: int) -> _Reply | str:
+        return _ask(transport, donors[d], job_id=job_id, start=start, end=end, timeout=timeout, step=step,
+                    min_step=min_step, names=chunks[i])
+
+    def next_donor(i: int) -> int | None:
+        # chunk i starts at donor i (the chunks spread over the best donors), then the others in order
+        for d in [i % len(donors), *range(len(donors))]:
+            if d not in tried[i]:
+                return d
+        return None
+
+    with concurrent.futures.ThreadPoolExecutor(len(chunks), thread_name_prefix="gt-fetch") as pool:
+        pending = list(range(len(chunks)))
+        while pending:
+            asked = {}
+            for i in pending:
+                d = next_donor(i)
+                if d is None:
+                    raise StateTransferError(f"no donor gave chunk {i} of blocks [{start}, {end}): "
+                                             + "; ".join(errors[-4:]))
+                tried[i].add(d)
+                asked[i] = (d, pool.submit(ask, i, d))
+            pending = []
+            for i, (d, fut) in asked.items():
+                reply = fut.result()
+                if isinstance(reply, str) or reply.whole is None:
+                    errors.append(reply if isinstance(reply, str) else f"{donors[d]}: no whole-piece hash")
+                    pending.append(i)
+                else:
+                    got[i] = (d, reply)
+    # the best donor that answered sets the reference; a chunk from a donor of another round (or whose whole
+    # piece hashes otherwise) is asked of that donor again
+    best_d, best = min(got.values(), key=lambda dr: dr[0])
+    key = (best.state.round, best.state.step, best.whole)
+    for i, (_, reply) in list(got.items()):
+        if (reply.state.round, reply.state.step, reply.whole) != key:
+            again = ask(i, best_d)
+            if isinstance(again, str) or (again.state.round, again.state.step, again.whole) != key:
+                raise StateTransferError(f"chunk {i} of blocks [{start}, {end}) not to be had at round "
+                                         f"{best.state.round} from {donors[best_d]}")
+            got[i] = (best_d, again)
+    params: dict[str, torch.Tensor] = {}
+    momentum: dict[str, torch.Tensor] = {}
+    for _, reply in got.values():
+        params.update(reply.state.params)
+        momentum.update(reply.state.momentum)
+    tensors = {f"p:{n}": t for n, t in params.items()} | {f"o:{n}": t for n, t in momentum.items()}
+    if digest(tensors)[0] != best.whole:
+        raise StateTransferError(f"the chunks of blocks [{start}, {end}) do not make the donors' whole piece")
+    used = sorted({donors[d] for d, _ in got.values()})
+    logger.info("blocks [%d, %d): %d chunks from %d donors (%s)", start, end, len(chunks), len(used), ", ".join(used))
+    return StageState(job_id, best.state.round, best.state.step, params, momentum)

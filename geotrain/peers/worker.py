@@ -314,9 +314,12 @@ class StageWorker:
         # a peer new to the job knows no previous plan: the holders the new plan left out are among its spares
         # (the agent connected those it could reach, ``spares``); asked last
         spares = set(self.spares) - plan_peers - held_before if previous_plan is None else set()
+        # the peers this plan gives these blocks hold them too, most likely (a replan keeps most slots)
+        holding_now = {sl.peer for pp in self.plan.pipelines for sl in pp if sl.start < end and start < sl.end}
+        likely = (held_before | holding_now) - {self.peer_id}
         donors = sorted(
             (p for p in plan_peers | left_out | spares if p != self.peer_id),
-            key=lambda m: (m in spares, m not in plan_peers, m not in held_before,
+            key=lambda m: (m in spares, m not in plan_peers, m not in held_before, m not in likely,
                            -(links[m].bandwidth_bps if m in links else 0.0)),
         )
         try:
@@ -324,6 +327,8 @@ class StageWorker:
                 self.transport, donors, job_id=self.plan.job_id, start=start, end=end, need=names, have=own,
                 timeout=self.job.swarm.round_timeout_s, step=want_step,
                 min_step=self.plan.start_step if want_step is None else None,
+                sizes={n: p.numel() for n, p in self.stage.named_parameters()},
+                parallel=_parallel_donors(donors, likely, links),
             )
             self.state_source = "peers"
             return got
@@ -587,6 +592,21 @@ class StageWorker:
                 sync.runner.close()  # idempotent: unregistered even when a flush failed
             if self._own_router:
                 self._router.close()
+
+
+#: donors a stage's state is fetched from at once, at most (chunks of about equal bytes, verified whole)
+MAX_PARALLEL_DONORS = 4
+
+
+def _parallel_donors(donors: list[str], likely: set[str], links: dict[str, LinkMeasurement]) -> int:
+    """How many of the leading donors to fetch chunks from at once: those likely to hold the blocks, on links
+    at least half as fast as the best donor's (a chunk on a slow link would hold the whole fetch up)."""
+    lead = [d for d in donors[:MAX_PARALLEL_DONORS] if d in likely]
+    if len(lead) < 2:
+        return 1
+    rates = [links[d].bandwidth_bps if d in links else None for d in lead]
+    best = max((r for r in rates if r is not None), default=None)
+    return max(1, sum(1 for r in rates if best is None or r is None or r >= best / 2))
 
 
 def _split(flat: torch.Tensor, names: tuple[str, ...], params: tuple[torch.nn.Parameter, ...]) -> dict[str, torch.Tensor]:
