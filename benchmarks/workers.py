@@ -56,11 +56,16 @@ def run_workers(job: Any, *, pipelines: int, stages: int, device: str) -> dict[s
         workers = {pid: StageWorker(job, plan, peer_id=pid, transport=t, device=device) for pid, t in transports.items()}
         losses: dict[str, list[float]] = {}
         errors: list[BaseException] = []
+        path = {"hop_bytes": 0, "send_busy_s": 0.0, "recv_wait_s": 0.0, "compute_s": 0.0}  # the data path's figures
 
         def drive(pid: str) -> None:
             try:
                 for step in range(job.stop.steps):
                     m = workers[pid].step(step)
+                    path["hop_bytes"] += sum(m.bytes_sent.values())
+                    path["send_busy_s"] += m.send_busy_s
+                    path["recv_wait_s"] += m.recv_wait_s
+                    path["compute_s"] += m.compute_s
                     if m.loss is not None:
                         losses.setdefault(pid, []).append(m.loss)
             except BaseException as e:  # reported by the caller after join
@@ -89,9 +94,16 @@ def run_workers(job: Any, *, pipelines: int, stages: int, device: str) -> dict[s
             w.close()
         last = [v[-1] for v in losses.values()]
         first = [v[0] for v in losses.values()]
+        # per microbatch and stage: bytes through host memory over the hops (activations forward, gradients
+        # back, tied gradients, targets), the sender threads' encode + hand-off time, the wait for neighbours
+        per = job.stop.steps * job.pipeline.microbatches * len(workers)
         return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall, "rounds": rounds,
                 "loss_first": sum(first) / len(first), "loss_last": sum(last) / len(last),
-                "group_globals_identical": identical}
+                "group_globals_identical": identical,
+                "hop_bytes_per_microbatch": path["hop_bytes"] / per,
+                "send_busy_ms_per_microbatch": 1e3 * path["send_busy_s"] / per,
+                "recv_wait_ms_per_microbatch": 1e3 * path["recv_wait_s"] / per,
+                "compute_ms_per_microbatch": 1e3 * path["compute_s"] / per}
     finally:
         for t in transports.values():
             t.close()
