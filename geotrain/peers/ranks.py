@@ -38,6 +38,7 @@ import json
 import logging
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -231,7 +232,12 @@ class LocalRanks:
         if gone:
             raise LocalRankError(gone[0], rank=gone[1])
 
-    def _gone(self) -> tuple[str, int] | None:
+    def _gone(self, settle_s: float = 0.0) -> tuple[str, int] | None:
+        """Which helpers exited (waiting up to ``settle_s`` for one to be seen: a collective fails on a
+        killed rank's reset connection a moment before its exit can be reaped)."""
+        deadline = time.monotonic() + settle_s
+        while settle_s and all(p.poll() is None for p in self._procs) and time.monotonic() < deadline:
+            time.sleep(0.05)
         gone = {r: p.poll() for r, p in enumerate(self._procs, start=1) if p.poll() is not None}
         if not gone:
             return None
@@ -279,7 +285,7 @@ class LocalRanks:
         try:
             work.wait()
         except Exception as e:  # gloo/NCCL raise RuntimeError (a closed connection, a timeout)
-            gone = self._gone()
+            gone = self._gone(settle_s=2.0)
             if gone:
                 raise LocalRankError(f"{gone[0]}: the {what} failed: {e}", rank=gone[1]) from e
             raise LocalRankError(f"the local {what} failed{f' with rank {rank}' if rank else ''} within "

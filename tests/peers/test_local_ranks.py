@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -92,16 +91,15 @@ def test_a_microbatch_smaller_than_the_ranks_is_computed_by_those_it_reaches(ran
 
 
 def test_a_dead_rank_is_a_local_rank_error_at_once_not_a_hang() -> None:
-    r = LocalRanks(["cpu", "cpu"], timeout_s=60, threads=1).start()
+    # the collectives' timeout is past this test's: only a closed connection or pipe can raise in time
+    r = LocalRanks(["cpu", "cpu"], timeout_s=600, threads=1).start()
     try:
         with LocalPipeline(MODEL, [(0, MODEL.num_blocks)], CONFIG, seed=0, data=lambda step: BATCH,
                            local={0: (r, SECTION)}) as pp:
             pp.step(0)
             os.kill(r.pids()[0], signal.SIGKILL)
-            t0 = time.monotonic()
-            with pytest.raises(LocalRankError, match="rank 1"):
+            with pytest.raises(LocalRankError, match="local rank 1 is gone"):
                 pp.step(1)
-            assert time.monotonic() - t0 < 30  # a closed connection or pipe, not the 60 s collective timeout
             assert not r.alive()
     finally:
         r.close()
