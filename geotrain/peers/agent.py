@@ -66,8 +66,9 @@ class AgentConfig:
     ``watch_idle_s`` before one is known and ``poll_s`` while stalled; the peer list (probe targets,
     the allow-list; O(N) bytes) from one replica every ``view_every_s`` or N x ``view_per_peer_s``,
     whichever is longer, and at once when a new plan arrives or a closed swarm's data plane refused
-    an unknown key. A peer that follows a job publishes its progress when what the coordinator acts on
-    changes (status, plan, round, checkpoint shards), else every liveness period (the job's
+    an unknown key. A peer that follows a job publishes its progress at once when its status, plan or
+    lost blocks change, on a new round or checkpoint no sooner than half a liveness period after its last
+    write, and else every liveness period (the job's
     ``swarm.heartbeat_s``, or ``--heartbeat`` or ``progress_every_s`` when shorter), expiring after 3:
     the coordinator takes a plan peer without live progress for gone, so the peer record itself beats
     at the slow ``--heartbeat`` period.
@@ -467,7 +468,10 @@ class PeerAgent:
         """Background: publish this peer's progress when it changes, and every liveness period.
 
         A peer that follows a job republishes its progress every :meth:`_liveness_s` (it expires after 3),
-        and at once when what the coordinator acts on changes: status, plan, round, checkpoint shards.
+        at once when what the coordinator must act on at once changes (status, the job followed, plan, lost
+        blocks), and when a round or a checkpoint's shards moved on but only half a period after the last
+        one: a fast job's rounds come every few seconds, and one write per round to 5 replicas was most of a
+        training peer's control-plane bytes.
         """
         while not self._stop.wait(min(1.0, self.config.progress_every_s)):
             self._progress_tick()
@@ -477,15 +481,19 @@ class PeerAgent:
         with self._lock:
             step, metrics = self._step_now, self._metrics
             plan, w = self._plan, self._worker
-            sig = (self._status, self._following, None if plan is None else (plan.job_id, plan.version),
-                   self._lost is not None, None if w is None else w.round)
+            urgent = (self._status, self._following, None if plan is None else (plan.job_id, plan.version),
+                      self._lost is not None)
+            rnd = None if w is None else w.round
         # the shards this peer holds (a checkpoint round's): the coordinator's manifests list them
         shards = None if self._store is None or plan is None else tuple(
             sh.step for sh in self._store.written(plan.job_id))
-        if (sig, shards) == self._progress_sig and self._clock() - self._progress_at < self._liveness_s():
+        since = self._clock() - self._progress_at
+        last = self._progress_sig or (None, None)
+        moved = (rnd, shards) != last[1] and since >= self._liveness_s() / 2
+        if urgent == last[0] and not moved and since < self._liveness_s():
             return False
         self._publish_progress(step, metrics)
-        self._progress_sig, self._progress_at = (sig, shards), self._clock()
+        self._progress_sig, self._progress_at = (urgent, (rnd, shards)), self._clock()
         return True
 
     def run(self) -> int:

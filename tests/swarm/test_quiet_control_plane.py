@@ -54,12 +54,19 @@ def test_a_peer_of_a_job_publishes_progress_every_liveness_period_and_at_once_wh
     agent._plan, agent._worker, agent._status = plan, worker, PeerStatus.TRAINING
     agent.transport.stats = SimpleNamespace(dropped={}, sent_bytes={}, recv_bytes={})
     assert agent._progress_tick() and published[-1].status == PeerStatus.TRAINING  # a new status: at once
-    clock.t += 5.0
+    clock.t += 2.0
     assert not agent._progress_tick()  # steps moved on, but the period is 10 s
     worker.round = 5
-    assert agent._progress_tick()  # a round committed: the coordinator acts on it (validation, manifests)
+    assert not agent._progress_tick()  # a round committed 2 s after the last write: it waits for half a period
+    clock.t += 3.0
+    assert agent._progress_tick()  # (validation and manifests follow rounds, a few seconds late at most)
+    worker.round = 6
+    clock.t += 4.0
+    assert not agent._progress_tick()
+    agent._status = PeerStatus.STALLED
+    assert agent._progress_tick()  # a status change goes out at once, whatever the pace
     clock.t += 10.0
-    assert agent._progress_tick() and len(published) == 5
+    assert agent._progress_tick() and len(published) == 6
 
 
 def test_the_liveness_period_is_the_jobs_heartbeat_or_the_command_lines_when_shorter() -> None:
