@@ -77,8 +77,9 @@ def terminate_p2pd(pid: int) -> bool:
     return True
 
 
-#: (Inside the DHT process.) key id -> (when found, the key's nearest other nodes), for direct writes.
-_REPLICAS: dict[Any, tuple[float, list[Any]]] = {}
+#: (Inside the DHT process.) key id -> (when found, the key's nearest other nodes, whether this node is one of
+#: its replicas), for direct writes.
+_REPLICAS: dict[Any, tuple[float, list[Any], bool]] = {}
 
 
 async def store_direct(
@@ -101,20 +102,28 @@ async def store_direct(
 
     key_id = DHTID.generate(source=key)
     now = time.monotonic()
+    protocol = node.protocol
     known = _REPLICAS.get(key_id)
-    if known is None or now - known[0] > refresh_s or not known[1]:
+    if known is None or now - known[0] > refresh_s or not (known[1] or known[2]):
         found = await node.find_nearest_nodes([key_id], k_nearest=node.num_replicas, beam_size=beam,
                                               exclude_self=True)
-        known = (now, list(found.get(key_id, {}).values()))
+        nearest = dict(found.get(key_id, {}))
+        # a full node (not client mode) among the key's nearest is one of its replicas, as in hivemind's
+        # own store: it keeps the record too (else readers that ask it get the others' records without its own)
+        candidates = sorted([*nearest, *([] if protocol.client_mode else [node.node_id])], key=key_id.xor_distance)
+        chosen = candidates[: node.num_replicas]
+        known = (now, [nearest[n] for n in chosen if n in nearest], node.node_id in chosen)
         _REPLICAS[key_id] = known
-    replicas = known[1]
-    if not replicas:  # alone in the swarm: keep it here, as hivemind's own store would
+    _, replicas, here = known
+    if not replicas and not here:  # alone in the swarm: keep it here, as hivemind's own store would
         return bool(await node.store(key, value, expiration, subkey=subkey))
-    protocol = node.protocol
     record = DHTRecord(key_id.to_bytes(), protocol.serializer.dumps(subkey), protocol.serializer.dumps(value),
                        expiration)
     if protocol.record_validator is not None:
         record = dataclasses.replace(record, value=protocol.record_validator.sign_value(record))
+    stored_here = 0
+    if here and (protocol.record_validator is None or protocol.record_validator.validate(record)):
+        stored_here = int(bool(protocol.storage.store(key_id, record.value, expiration, subkey=subkey)))
     results = await asyncio.gather(
         *(protocol.call_store(peer, keys=[key_id], values=[record.value], expiration_time=[expiration],
                               subkeys=[subkey]) for peer in replicas),
@@ -124,4 +133,4 @@ async def store_direct(
     ok = sum(1 for r in results if r is not None and not isinstance(r, BaseException) and len(r) and bool(r[0]))
     if ok < min(3, len(replicas)):
         _REPLICAS.pop(key_id, None)  # a replica left or refused: look the key up again next time
-    return ok > 0
+    return ok + stored_here > 0
