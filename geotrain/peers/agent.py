@@ -171,7 +171,8 @@ class PeerAgent:
         bf16 = measure_compute(BenchmarkConfig(device=device, dtype="bfloat16", max_seconds=self.config.benchmark_s))
         # "auto" resolves to what the benchmark found (cuda, else cpu)
         self._device = compute.device_type if device == "auto" else device
-        # a node's compute: N distinct accelerators add up; N ranks on one CPU share its cores (no more flops)
+        # a node's compute: N distinct accelerators add up; N ranks on one CPU share its cores (no more flops).
+        # Its memory stays one device's: every rank holds the whole stage, so a stage must fit one of them
         scale = len(devices) if len(devices) > 1 and len(set(devices)) == len(devices) else 1
         device_name = compute.device if len(devices) < 2 else f"{compute.device} x{len(devices)} ranks"
         if len(devices) > 1:
@@ -187,7 +188,7 @@ class PeerAgent:
                 device=device_name[:128],
                 flops=float(compute.flops) * scale,
                 flops_bf16=float(bf16.flops) * scale,
-                memory_bytes=int(compute.memory_bytes) * scale,
+                memory_bytes=int(compute.memory_bytes),
                 usd_per_hour=float(self.config.usd_per_hour),
                 endpoint=self.transport.address,
                 version=__version__,
