@@ -104,7 +104,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"geotrain peer: error: {e}", file=sys.stderr)
         return 2
     rank_threads = args.threads
-    if devices and devices[0] == "cpu" and not args.threads:
+    if len(devices) > 1 and devices[0] == "cpu" and not args.threads:
         import os
 
         rank_threads = max(1, (os.cpu_count() or 1) // len(devices))  # N ranks share the cores

@@ -74,7 +74,8 @@ def split_sizes(rows: int, ranks: int) -> list[int]:
 
 
 def resolve_devices(device: str, nproc: int | None = None, devices: str | None = None) -> tuple[str, ...]:
-    """The local ranks' devices from ``--device``, ``--nproc-per-node`` and ``--devices``; () for one rank.
+    """The local ranks' devices from ``--device``, ``--nproc-per-node`` and ``--devices``; () for one rank on
+    ``--device``.
 
     ``--devices cuda:0,cuda:1`` names them; ``--nproc-per-node N`` makes N of ``--device`` (``cuda`` or
     ``auto`` on a GPU node: ``cuda:0`` .. ``cuda:N-1``; ``cpu``: N gloo ranks sharing the CPU).
@@ -83,7 +84,7 @@ def resolve_devices(device: str, nproc: int | None = None, devices: str | None =
         names = tuple(d.strip() for d in devices.split(",") if d.strip())
         if nproc is not None and nproc != len(names):
             raise ConfigError(f"--nproc-per-node {nproc} but --devices names {len(names)}: {','.join(names)}")
-        return names if len(names) > 1 else ()
+        return names  # one name: a one-rank peer on that device
     if nproc is None or nproc == 1:
         return ()
     if nproc < 1:

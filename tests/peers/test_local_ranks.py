@@ -32,6 +32,7 @@ def test_rows_are_split_near_equally_and_devices_resolve() -> None:
     assert split_sizes(5, 2) == [3, 2] and split_sizes(1, 3) == [1, 0, 0] and sum(split_sizes(17, 4)) == 17
     assert resolve_devices("cpu", 2) == ("cpu", "cpu") and resolve_devices("cpu", 1) == ()
     assert resolve_devices("cpu", None, "cuda:0,cuda:1") == ("cuda:0", "cuda:1")
+    assert resolve_devices("cpu", None, "cuda:1") == ("cuda:1",)  # one named device: one rank there
     with pytest.raises(ConfigError, match="names 2"):
         resolve_devices("cpu", 3, "cuda:0,cuda:1")
     with pytest.raises(ConfigError, match="--devices"):
