@@ -197,7 +197,10 @@ def test_whole_swarm_killed_after_round_2_resumes_from_the_peers(
             shutil.rmtree(d)
     if variant == "remote":  # each stage group's leader uploaded its shard of step 10
         up = sorted(p.name for p in (tmp_path / "remote" / JOB_ID / "step-000010").iterdir())
-        assert len(up) == 4 and all(n.endswith((".json", ".safetensors")) for n in up), up
+        # one group per block segment: two when both pipelines are cut alike, three when the planner cut them
+        # at different blocks (it may, on peers whose measured speeds differ)
+        cuts = {b for pipe in report1["plans"][-1]["pipelines"] for st in pipe for b in st["layers"]}
+        assert len(up) == 2 * (len(cuts) - 1) and all(n.endswith((".json", ".safetensors")) for n in up), up
 
     boot, maddrs, peers = start_swarm(children, logs, moved, "2", maddrs if from_dht else None)
     second = coordinator(children, logs, tmp_path, maddrs, 15, "2", "--resume", remote=remote)
