@@ -1,10 +1,11 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from geotrain.testing.procs import ChildGroup
+from geotrain.transport import Transport, TransportConfig
 
 
 @pytest.fixture
@@ -21,6 +22,23 @@ def children() -> Iterator[ChildGroup]:
         yield group
     finally:
         group.close(grace=2.0)
+
+
+@pytest.fixture
+def net() -> Iterator[Callable[[str], Transport]]:
+    """``net(name)``: a started loopback transport with peer id ``name``; every one is closed when the test ends."""
+    made: list[Transport] = []
+
+    def make(name: str) -> Transport:
+        t = Transport(TransportConfig(), peer_id=name).start()
+        made.append(t)
+        return t
+
+    try:
+        yield make
+    finally:
+        for t in made:
+            t.close()
 
 
 @pytest.hookimpl(hookwrapper=True)

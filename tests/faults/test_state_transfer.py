@@ -10,7 +10,7 @@ byte count and SHA-256. Donors that answer with truncated or altered state
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -18,7 +18,7 @@ import torch
 from geotrain.errors import StateTransferError
 from geotrain.peers.state import KIND, StageState, digest, fetch_state, serve_state
 from geotrain.testing.faultproxy import Fault, FaultProxy, FaultProxyConfig
-from geotrain.transport import Message, Transport, TransportConfig
+from geotrain.transport import Message, Transport
 
 JOB = "job-x"
 NAMES = [f"blocks.{b}.w{i}" for b in range(2) for i in range(2)]
@@ -34,22 +34,6 @@ def state(seed: int) -> StageState:
 def reply_bytes(st: StageState) -> int:
     tensors = {f"p:{n}": t for n, t in st.params.items()} | {f"o:{n}": t for n, t in st.momentum.items()}
     return digest(tensors)[1]
-
-
-@pytest.fixture
-def net() -> Iterator[Callable[[str], Transport]]:
-    made: list[Transport] = []
-
-    def make(name: str) -> Transport:
-        t = Transport(TransportConfig(), peer_id=name).start()
-        made.append(t)
-        return t
-
-    try:
-        yield make
-    finally:
-        for t in made:
-            t.close()
 
 
 def test_donor_cut_at_half_the_transfer_is_skipped_for_a_verified_one(net: Callable[[str], Transport]) -> None:

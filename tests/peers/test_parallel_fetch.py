@@ -8,13 +8,13 @@ disagree never yield a mix, a donor that lacks the blocks passes its chunk on, a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
 
 from geotrain.peers.state import KIND, StageState, digest, fetch_state, serve_state, split_by_size
-from geotrain.transport import Message, Transport, TransportConfig
+from geotrain.transport import Message, Transport
 
 JOB = "job-chunks"
 NAMES = [f"blocks.{b}.w{i}" for b in range(2) for i in range(3)]
@@ -25,22 +25,6 @@ def state(seed: int, rnd: int = 4) -> StageState:
     g = torch.Generator().manual_seed(seed)
     return StageState(JOB, round=rnd, step=rnd * 10, params={n: torch.randn(64, 64, generator=g) for n in NAMES},
                       momentum={n: torch.randn(64, 64, generator=g) for n in NAMES})
-
-
-@pytest.fixture
-def net() -> Iterator[Callable[[str], Transport]]:
-    made: list[Transport] = []
-
-    def make(name: str) -> Transport:
-        t = Transport(TransportConfig(), peer_id=name).start()
-        made.append(t)
-        return t
-
-    try:
-        yield make
-    finally:
-        for t in made:
-            t.close()
 
 
 def counted(t: Transport, st: StageState | None) -> list[int]:
