@@ -25,12 +25,13 @@ def children() -> Iterator[ChildGroup]:
 
 
 @pytest.fixture
-def net() -> Iterator[Callable[[str], Transport]]:
-    """``net(name)``: a started loopback transport with peer id ``name``; every one is closed when the test ends."""
+def net() -> Iterator[Callable[..., Transport]]:
+    """``net(name, region="")``: a started loopback transport with peer id ``name``; every one is closed when
+    the test ends."""
     made: list[Transport] = []
 
-    def make(name: str) -> Transport:
-        t = Transport(TransportConfig(), peer_id=name).start()
+    def make(name: str, region: str = "") -> Transport:
+        t = Transport(TransportConfig(), peer_id=name, region=region).start()
         made.append(t)
         return t
 

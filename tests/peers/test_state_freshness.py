@@ -9,7 +9,7 @@ spares too, since the holders the plan left out are spares now.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -19,7 +19,7 @@ from geotrain.errors import StateLostError, StateTransferError
 from geotrain.peers.state import StageState, digest, fetch_state, serve_state
 from geotrain.peers.worker import StageWorker
 from geotrain.plan import JobPlan, StageSlot
-from geotrain.transport import Transport, TransportConfig
+from geotrain.transport import Transport
 
 JOB = "fresh"
 
@@ -37,19 +37,9 @@ def job() -> JobSpec:
 
 
 @pytest.fixture
-def net() -> Iterator[Callable[[str], Transport]]:
-    made: list[Transport] = []
-
-    def make(name: str) -> Transport:
-        t = Transport(TransportConfig(), peer_id=name, region="eu").start()
-        made.append(t)
-        return t
-
-    try:
-        yield make
-    finally:
-        for t in made:
-            t.close()
+def net(net: Callable[..., Transport]) -> Callable[[str], Transport]:
+    """The loopback transports of tests/conftest.py, every one in region ``eu``."""
+    return lambda name: net(name, region="eu")
 
 
 def _plan(job: JobSpec, version: int, peer: str, t: Transport, *, spares: tuple[str, ...] = (),
