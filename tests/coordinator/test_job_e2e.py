@@ -145,7 +145,9 @@ def test_tiny_job_trains_and_reports(swarm4: LocalSwarm, tmp_path: Path, overlap
     spec["sync"]["overlap"] = overlap  # streaming: the last round is still in flight at the stop step
     job = job_from_dict(spec)
     events: list[dict[str, Any]] = []
-    report = run_coordinator(None, initial_peers=swarm4.maddrs, job_id=f"e2e-basic-{overlap}", report_dir=tmp_path,
+    # a job id of this attempt's own: a rerun on the module's swarm must not continue the first attempt's rounds
+    job_id = f"e2e-basic-{overlap}-{tmp_path.name}"
+    report = run_coordinator(None, initial_peers=swarm4.maddrs, job_id=job_id, report_dir=tmp_path,
                              emit=events.append, job=job)
     data = json.loads((tmp_path / "report.json").read_text())
     assert set(REPORT_KEYS) <= set(data)

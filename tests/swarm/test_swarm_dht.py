@@ -188,15 +188,15 @@ def _running(pid: int) -> bool:
         return False
 
 
-def test_a_quick_read_returns_the_swarms_records_not_this_nodes_own_last_write(
-    pair: tuple[Swarm, Swarm],
-) -> None:
+def test_a_quick_read_returns_the_swarms_records_not_this_nodes_own_last_write() -> None:
     """A client-mode node stores no replica: its quick read (one replica's copy) must come from the swarm.
 
     (hivemind caches a node's own writes: a quick read would then return that one record as the whole
     dictionary, and a peer would see a swarm of itself.)
     """
-    boot, member = pair
+    # a swarm of its own: the module's pair has just lived through a member whose DHT process was killed
+    boot = Swarm(SwarmConfig(**FAST)).start()  # type: ignore[arg-type]
+    member = Swarm(SwarmConfig(initial_peers=tuple(boot.visible_maddrs()), **FAST)).start()  # type: ignore[arg-type]
     client = Swarm(SwarmConfig(initial_peers=tuple(boot.visible_maddrs()), client_mode=True, **FAST)).start()  # type: ignore[arg-type]
     try:
         # progress records (30 s of lifetime here): a peer record lives 3 heartbeats of 1 s, which a loaded
@@ -215,3 +215,5 @@ def test_a_quick_read_returns_the_swarms_records_not_this_nodes_own_last_write(
         assert set(quick) <= set(client.get_progress())
     finally:
         client.shutdown()
+        member.shutdown()
+        boot.shutdown()
