@@ -225,7 +225,7 @@ class LocalRanks:
         return self
 
     def alive(self) -> bool:
-        return all(p.poll() is None for p in self._procs)
+        return self._gone() is None
 
     def check(self) -> None:
         """Raise :class:`~geotrain.errors.LocalRankError` if a helper rank has exited."""
