@@ -16,7 +16,8 @@ types and cross-field rules, and each error names the field and the fix::
     [objective]  kind = "throughput" | "cost", max_usd_per_hour, min_tokens_per_s
     [stop]       steps, tokens, wall_s, usd (first reached wins)
     [checkpoint] dir, every_rounds, keep, allow_seed_restart
-    [swarm]      min_peers, wait_peers_s, hop_timeout_s, round_timeout_s, heartbeat_s
+    [swarm]      min_peers, wait_peers_s, hop_timeout_s, round_timeout_s, heartbeat_s, link_degraded_ratio,
+                 link_replan_s
     [report]     dir, eval_every, eval_batches, export
 """
 
@@ -347,10 +348,18 @@ class SwarmSection:
     hop_timeout_s: float = 30.0
     round_timeout_s: float = 60.0
     heartbeat_s: float = 10.0
+    # a pipeline hop whose real traffic measures its link below this share of what the plan assumed, for
+    # link_replan_s, gets a new plan (reason "link") that prices the link at its measured figure; 0 turns it off
+    link_degraded_ratio: float = 0.5
+    link_replan_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.min_peers < 1:
             raise ConfigError(f"swarm.min_peers must be >= 1; got {self.min_peers}")
+        if not 0.0 <= self.link_degraded_ratio < 1.0:
+            raise ConfigError(f"swarm.link_degraded_ratio must be in [0, 1); got {self.link_degraded_ratio}")
+        if not self.link_replan_s > 0:
+            raise ConfigError(f"swarm.link_replan_s must be > 0; got {self.link_replan_s}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from geotrain.config import JobSpec
-from geotrain.coordinator.planning import egress_price, make_plan
+from geotrain.coordinator.planning import egress_price, make_plan, with_passive
 from geotrain.coordinator.report import write_report
 from geotrain.errors import GeotrainError, InfeasiblePlanError, SwarmError
 from geotrain.plan import JobPlan
@@ -101,6 +101,11 @@ class Coordinator:
         self._last_manifest: dict[str, Any] | None = None
         self._manifest_wire: dict[str, Any] | None = None  # the newest manifest's dict, published with the plan
         self._told: set[str] = set()  # peers this coordinator sent news of its job
+        # links as the job's own traffic measured them, (src, dst) -> (bytes/s, when): they replace the probes'
+        # figures in every later plan; the current plan's assumed figure per hop direction; hops below it since
+        self._passive: dict[tuple[str, str], tuple[float, float]] = {}
+        self._assumed: dict[tuple[str, str], float] = {}
+        self._degraded_since: dict[tuple[str, str], float] = {}
         if transport is not None:
             serve_news(transport, PROGRESS_NEWS, self._progress_news)
 
@@ -253,7 +258,7 @@ class Coordinator:
     def publish_plan(
         self, peers: dict[str, PeerRecord], *, start_step: int, reason: str, resume_step: int | None = None
     ) -> JobPlan:
-        links = self.swarm.get_links()
+        links = with_passive(self.swarm.get_links(), self._passive)
         version = self._next_version()
         plan, planner_json = make_plan(
             self.job,
@@ -270,6 +275,8 @@ class Coordinator:
             PlanRecord(job_id=self.config.job_id, version=version, plan=self._plan_wire(plan), published_at=time.time())
         )
         self.plan = plan
+        self._assumed = {(a, b): float(bps) for a, b, bps in planner_json.get("hop_bandwidth_bps", [])}
+        self._degraded_since.clear()
         self._announce(plan)
         self._move_pointer()
         self._run.plans.append(
@@ -410,6 +417,7 @@ class Coordinator:
                 else:
                     stalled_since.pop(pid, None)
             stuck = [p for p, t in stalled_since.items() if time.monotonic() - t > self.config.stall_replan_s]
+            degraded = self._degraded_links(progress)
             # joiners: folded in once their links to the others are measured (else they cannot be placed)
             # (spares were placed, or left out, with their links already: only a true joiner needs the rows)
             rows = self.swarm.get_links() if any(
@@ -439,17 +447,20 @@ class Coordinator:
                                     "and resume, or set checkpoint.allow_seed_restart = true")
                 break
             joined = joiner_since is not None and time.monotonic() - joiner_since > self.config.join_grace_s
-            if dead or joined or stuck:
+            if dead or joined or stuck or degraded:
                 for p in dead:
                     self._event("death", peer_id=p)
                     missing_since.pop(p, None)
                 if stuck and not dead and not joined:
                     self._event("stall", peers=sorted(stuck))
+                for d in degraded:
+                    self._event("link", **d)
                 stalled_since.clear()
+                self._degraded_since.clear()
                 start = self._restart_step(progress, peers)
                 try:
-                    self.publish_plan(peers, start_step=start,
-                                      reason="death" if dead else "join" if joined else "stall")
+                    self.publish_plan(peers, start_step=start, reason="death" if dead else "join" if joined
+                                      else "stall" if stuck else "link")
                 except InfeasiblePlanError as e:
                     self._event("error", message=f"cannot replan: {e}")
                 joiner_since = None
@@ -460,6 +471,36 @@ class Coordinator:
                 self._event("error", message="peers did not report done before the finish timeout")
                 break
         return self.finish()
+
+    def _degraded_links(self, progress: dict[str, ProgressRecord]) -> list[dict[str, Any]]:
+        """The current plan's hop directions whose real traffic has measured their link below
+        ``swarm.link_degraded_ratio`` of the plan's figure for ``swarm.link_replan_s``.
+
+        Each receiving peer reports the links into it whose messages queued (``ProgressRecord.links_in``): those
+        figures are kept (they price the link in every later plan). A report that says the link keeps up, or
+        none from a peer whose record was read, ends a degradation; a record missed by one read does not.
+        """
+        for dst, record in progress.items():
+            for src, report in record.links_in.items():
+                self._passive[(src, dst)] = (report.bandwidth_bps, record.updated_at)
+        ratio, hold = self.job.swarm.link_degraded_ratio, self.job.swarm.link_replan_s
+        if ratio <= 0 or self.plan is None:
+            return []
+        now = time.monotonic()
+        out = []
+        for (src, dst), assumed in self._assumed.items():
+            pr = progress.get(dst)
+            if pr is None:
+                continue
+            rep = pr.links_in.get(src)
+            if rep is None or rep.bandwidth_bps >= ratio * assumed:
+                self._degraded_since.pop((src, dst), None)
+                continue
+            since = self._degraded_since.setdefault((src, dst), now)
+            if now - since >= hold:
+                out.append({"src": src, "dst": dst, "measured_bps": round(rep.bandwidth_bps, 1),
+                            "assumed_bps": round(assumed, 1), "queued": rep.queued, "messages": rep.messages})
+        return out
 
     def _account(self, peers: dict[str, PeerRecord], progress: dict[str, ProgressRecord], dt: float) -> None:
         assert self.plan is not None

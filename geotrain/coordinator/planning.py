@@ -20,7 +20,7 @@ from typing import Any
 
 from geotrain.config import JobSpec
 from geotrain.plan import JobPlan, StageSlot
-from geotrain.swarm.records import LinkRow, PeerRecord
+from geotrain.swarm.records import LinkMeasurement, LinkRow, PeerRecord
 
 DEFAULT_EGRESS_USD_PER_GB = 0.02
 
@@ -144,6 +144,23 @@ def _tied_param_bytes(job: JobSpec) -> int:
     return int(cfg.vocab_size * cfg.d_model * 4) if cfg.tie_embeddings else 0
 
 
+def with_passive(links: Mapping[str, LinkRow], passive: Mapping[tuple[str, str], tuple[float, float]]
+                 ) -> dict[str, LinkRow]:
+    """``links`` with each passive figure, ``(src, dst) -> (bytes/s, measured_at)`` from the job's own traffic,
+    in place of what probes said for that direction, unless a probe measured it later. Its RTT is the probed
+    one of either direction (real traffic measures none); a pair no probe ever measured is left as it was."""
+    out = dict(links)
+    for (src, dst), (bps, at) in passive.items():
+        row = out.get(src)
+        mine = row.links.get(dst) if row else None
+        probed = mine or (out[dst].links.get(src) if dst in out else None)
+        if probed is None or (mine is not None and mine.measured_at > at):
+            continue
+        fig = LinkMeasurement(bandwidth_bps=bps, rtt_s=probed.rtt_s, measured_at=at)
+        out[src] = LinkRow(src=src, links={**(row.links if row else {}), dst: fig})
+    return out
+
+
 def hop_codecs(job: JobSpec, pipeline: list[StageSlot]) -> tuple[tuple[str, str], ...]:
     """Codec per hop: lossless inside a region (fast links), the job's codecs across regions."""
     out = []
@@ -194,6 +211,14 @@ def make_plan(
     # two peers behind NAT reach each other through a reachable one (the one their links were priced through)
     pipelines = assign_relay(pipelines, prefer=relay_candidate(peers, links))
     pred = result.predicted
+    # what the plan assumed for each hop, both ways (bytes/s): the coordinator holds real traffic against it
+    hops: list[list[Any]] = []
+    for slots in pipelines:
+        for a, b in zip(slots, slots[1:], strict=False):
+            for src, dst in ((a.peer, b.peer), (b.peer, a.peer)):
+                ln = scenario.link(src, dst)
+                if ln is not None:
+                    hops.append([src, dst, ln.bandwidth_gbps * 1e9 / 8])
     plan = JobPlan(
         job_id=job_id,
         version=version,
@@ -218,4 +243,4 @@ def make_plan(
             "cross_region_bytes_per_step": pred.cross_region_bytes_per_step,
         },
     )
-    return plan, result.to_json()
+    return plan, {**result.to_json(), "hop_bandwidth_bps": hops}

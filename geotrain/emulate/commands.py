@@ -130,6 +130,18 @@ def _htb_params(rate_bps: float, burst_bytes: int) -> list[str]:
     return ["rate", f"{bits}bit", "ceil", f"{bits}bit", "burst", str(burst), "cburst", str(burst), "quantum", str(quantum)]
 
 
+def rate_commands(config: EmulationConfig, src: str, dst: str, rate_bps: float) -> list[list[str]]:
+    """The command that reshapes the running link ``src -> dst`` to ``rate_bps`` bytes/s (a link that degrades
+    or recovers mid-run; the other direction keeps its rate)."""
+    if src == dst or config.rate_bps(src, dst) is None:
+        raise ConfigError(f"no shaped link {src} -> {dst} in this emulation")
+    if not rate_bps >= MIN_RATE_BPS:
+        raise ConfigError(f"a link rate must be >= {MIN_RATE_BPS} bytes/s; got {rate_bps}")
+    j = config.topology.regions.index(dst) + 1
+    return [["tc", "-n", config.namespace(src), "class", "change", "dev", REGION_IFACE, "parent", "1:",
+             "classid", class_id(j), "htb", *_htb_params(rate_bps, config.burst_bytes)]]
+
+
 def setup_commands(config: EmulationConfig) -> list[list[str]]:
     """Every command, in order, that builds the emulation (after stale namespaces are gone)."""
     regions = config.topology.regions

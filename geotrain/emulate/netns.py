@@ -27,7 +27,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from geotrain.emulate.commands import NS_PREFIX, REGION_IFACE, ROUTER, EmulationConfig, setup_commands
+from geotrain.emulate.commands import (
+    NS_PREFIX,
+    REGION_IFACE,
+    ROUTER,
+    EmulationConfig,
+    rate_commands,
+    setup_commands,
+)
 from geotrain.emulate.nsenter import entered, socket_in
 from geotrain.errors import EmulationError
 
@@ -172,6 +179,14 @@ class Emulation:
 
     def __exit__(self, *exc: object) -> None:
         self.teardown()
+
+    def set_rate(self, src: str, dst: str, rate_bps: float) -> None:
+        """Reshape the link ``src -> dst`` to ``rate_bps`` bytes/s now, under running traffic (degrade or restore
+        it; ``config.rate_bps(src, dst)`` is its built rate)."""
+        if not self._up:
+            raise EmulationError("emulation is not up; call setup() or use it as a context manager")
+        for argv in rate_commands(self.config, src, dst, rate_bps):
+            _run(argv)
 
     # -- where things are -----------------------------------------------------------------------------
     def namespace(self, region: str) -> str:

@@ -49,7 +49,14 @@ from geotrain.plan import JobPlan
 from geotrain.swarm import Swarm
 from geotrain.swarm.news import JOB_NEWS, PLAN_NEWS, PROGRESS_NEWS, Contact, NewsWaiter, send_news, serve_news
 from geotrain.swarm.probe_targets import probe_targets
-from geotrain.swarm.records import LinkMeasurement, LinkRow, PeerRecord, PeerStatus, ProgressRecord
+from geotrain.swarm.records import (
+    InboundLinkReport,
+    LinkMeasurement,
+    LinkRow,
+    PeerRecord,
+    PeerStatus,
+    ProgressRecord,
+)
 from geotrain.transport import Transport
 
 logger = logging.getLogger(__name__)
@@ -756,6 +763,13 @@ class PeerAgent:
                     runs.append([b, b + 1])
             for a, b in runs[:6]:
                 stats[f"lost:{a}-{b}"] = 1.0
+        # links into this peer that its plan's traffic found limiting (their messages queued): the coordinator
+        # compares them with what the plan assumed (a degraded link gets a replan). A link that keeps up has no
+        # figure, so a healthy run adds nothing to the record.
+        plan_peers = set(regions)
+        links_in = {src: InboundLinkReport(bandwidth_bps=m.bandwidth_bps, messages=m.messages, queued=m.queued)
+                    for src, m in sorted(self.transport.inbound_links().items())
+                    if m.bandwidth_bps is not None and src in plan_peers}
         try:
             self.swarm.publish_progress(
                 ProgressRecord(
@@ -772,6 +786,7 @@ class PeerAgent:
                     stats=stats,
                     status=status,
                     shards=self._shards(plan.job_id),
+                    links_in=dict(list(links_in.items())[:8]),
                 ),
                 ttl_s=3 * self._liveness_s(),
             )

@@ -15,6 +15,7 @@ failure is kept and re-raised in the stage thread at its next
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import functools
 import logging
 import queue
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 
 from geotrain.errors import CodecError, PeerTimeoutError, StageFailedError, TransportError
 from geotrain.transport import Message, Transport
+from geotrain.transport.linkmeter import STAMP
 
 __all__ = ["HopSender", "HopCounters"]
 
@@ -115,6 +117,8 @@ class HopSender:
                 self._settle()
                 continue
             t0 = time.perf_counter()
+            # the receiver's passive link figure reads the gaps between these stamps (geotrain.transport.linkmeter)
+            msg = dataclasses.replace(msg, meta={**msg.meta, STAMP: time.monotonic()})
             try:
                 try:
                     fut = self.transport.send_async(self.peer, msg, codec=codec, timeout=self.timeout_s)

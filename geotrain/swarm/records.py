@@ -210,6 +210,14 @@ class ShardReport(_Record):
         return self
 
 
+class InboundLinkReport(_Record):
+    """A link into the reporting peer as its real traffic measured it (:mod:`geotrain.transport.linkmeter`)."""
+
+    bandwidth_bps: NonNegative  # bytes per second, from messages that queued on the link
+    messages: Count  # stamped messages of the window
+    queued: Count  # of them, those that queued behind the one before
+
+
 class ProgressRecord(_Record):
     """One peer's training progress, republished as it goes.
 
@@ -236,6 +244,8 @@ class ProgressRecord(_Record):
     stats: Annotated[dict[str, Finite], Field(max_length=64)] = Field(default_factory=dict)
     status: PeerStatus = PeerStatus.IDLE
     shards: Annotated[list[ShardReport], Field(max_length=16)] = Field(default_factory=list)
+    # senders whose messages queued on their link into this peer (a link that limits the pipeline), by peer id
+    links_in: Annotated[dict[PeerIdStr, InboundLinkReport], Field(max_length=8)] = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -288,7 +298,7 @@ class ProgressRecord(_Record):
 #: Fields added to a kind after its first release: records without them (older peers) stay valid.
 ADDED_FIELDS: dict[str, tuple[str, ...]] = {"peers": ("endpoints", "reachable", "flops_bf16"),
                                             "job": ("plan_version", "plan_stop_step"),
-                                            "progress": ("status", "shards")}
+                                            "progress": ("status", "shards", "links_in")}
 
 #: The model stored under each kind of key.
 MODEL_OF_KIND: dict[str, type[_Record]] = {

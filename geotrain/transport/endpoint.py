@@ -78,6 +78,7 @@ from geotrain.errors import (
 from geotrain.transport import message as msgcodec
 from geotrain.transport.addresses import DIAL_BACK, advertised_endpoints
 from geotrain.transport.config import TransportConfig
+from geotrain.transport.linkmeter import STAMP, InboundLink, InboundMeter
 from geotrain.transport.message import CodecChoice, Message
 from geotrain.transport.queues import (
     HANDSHAKE_EVENTS,
@@ -145,6 +146,7 @@ class Transport:
         self._min_plan = 0
         self._stats = TransportStats()
         self._stats_lock = threading.Lock()
+        self._meter = InboundMeter()  # passive link figures from stamped messages (under _stats_lock)
         self._logged: set[str] = set()
         self._pool = concurrent.futures.ThreadPoolExecutor(config.handler_threads, thread_name_prefix="gt-handler")
         self._ready = threading.Event()
@@ -395,6 +397,12 @@ class Transport:
                 n += len(q)
                 self._mail_bytes -= sum(m.nbytes for m in q)
         return n
+
+    def inbound_links(self) -> dict[str, InboundLink]:
+        """Passive figures of the links into this peer, per sender, from its stamped messages of the last minute
+        (:mod:`geotrain.transport.linkmeter`)."""
+        with self._stats_lock:
+            return self._meter.links()
 
     @property
     def stats(self) -> TransportStats:
@@ -978,6 +986,8 @@ class Transport:
         with self._stats_lock:
             self._stats.recv_bytes[sender] += nbytes
             self._stats.recv_messages += 1
+            if STAMP in header.meta:
+                self._meter.arrived(sender, header.meta[STAMP], nbytes)
         origin: str | None = None
         if route is not None and header.kind in self._origin_handlers:
             try:

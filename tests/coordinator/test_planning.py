@@ -59,3 +59,24 @@ def test_the_live_scenario_keeps_each_measured_direction_and_region_medians() ->
     assert by[("a100", "a100b")]["bandwidth_gbps"] == pytest.approx(10.0)  # measured one way: both ways
     assert {("de", "us"), ("us", "de"), ("us", "us")} <= set(by)  # region medians, per direction
     Scenario.from_dict(sc)  # the planner takes it
+
+
+def test_a_figure_from_real_traffic_replaces_the_probes_for_its_direction_only() -> None:
+    from geotrain.coordinator.planning import with_passive
+    from geotrain.swarm.records import LinkMeasurement, LinkRow
+
+    t0 = time.time()
+    probed = LinkMeasurement(bandwidth_bps=5e6, rtt_s=0.02, measured_at=t0)
+    links = {"QmA": LinkRow(src="QmA", links={"QmB": probed}), "QmC": LinkRow(src="QmC", links={"QmA": probed})}
+    out = with_passive(links, {("QmA", "QmB"): (1e4, t0 + 10),   # degraded after the probe: replaces it
+                               ("QmB", "QmA"): (2e4, t0 + 10),   # measured by probe the other way: RTT borrowed
+                               ("QmA", "QmC"): (3e4, t0 - 10),   # no probe this way (only QmC -> QmA): added
+                               ("QmB", "QmD"): (4e4, t0 + 10)})  # never probed either way: left out
+    assert out["QmA"].links["QmB"] == LinkMeasurement(bandwidth_bps=1e4, rtt_s=0.02, measured_at=t0 + 10)
+    assert out["QmB"].links["QmA"].bandwidth_bps == 2e4 and out["QmB"].links["QmA"].rtt_s == 0.02
+    assert out["QmA"].links["QmC"].bandwidth_bps == 3e4
+    assert "QmD" not in out["QmB"].links
+    assert links["QmA"].links["QmB"] is probed  # the probes' rows themselves are not changed
+    newer = {"QmA": LinkRow(src="QmA", links={"QmB": LinkMeasurement(bandwidth_bps=5e6, rtt_s=0.02,
+                                                                      measured_at=t0 + 20)})}
+    assert with_passive(newer, {("QmA", "QmB"): (1e4, t0 + 10)})["QmA"].links["QmB"].bandwidth_bps == 5e6
