@@ -143,6 +143,27 @@ class Coordinator:
                 break
         return progress, everyone
 
+    def _with_spares(self, peers: dict[str, PeerRecord]) -> dict[str, PeerRecord]:
+        """``peers`` plus the current plan's spares that a quick read missed, read again from every replica.
+
+        The quick view is re-read thoroughly only for missing *placed* peers (a spare that died costs no
+        replan); before a replan the spares matter too: planned without one, the new plan cannot use it.
+        """
+        assert self.plan is not None
+        if all(s in peers for s in self.plan.spares):
+            return peers
+        try:
+            progress = {pid: p for pid, p in self.swarm.get_progress(thorough=True).items()
+                        if p.job_id == self.config.job_id}
+            everyone = self.swarm.get_peers(thorough=True)
+        except GeotrainError as e:
+            logger.info("DHT read failed: %s", e)
+            return peers
+        found = {pid: everyone[pid] for pid in self.plan.spares
+                 if pid not in peers and pid in everyone and pid in progress
+                 and progress[pid].status != PeerStatus.LEFT}
+        return {**peers, **found}
+
     def _tell_job(self, peers: dict[str, PeerRecord]) -> None:
         """News of the job to each peer seen for the first time: it reads the job now, not at its next poll.
 
@@ -457,6 +478,7 @@ class Coordinator:
                     self._event("link", **d)
                 stalled_since.clear()
                 self._degraded_since.clear()
+                peers = self._with_spares(peers)
                 start = self._restart_step(progress, peers)
                 try:
                     self.publish_plan(peers, start_step=start, reason="death" if dead else "join" if joined

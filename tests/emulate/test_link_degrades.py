@@ -1,7 +1,8 @@
 """A link that degrades mid-run: the pipeline's own traffic measures it, the coordinator replans around it.
 
 Three regions (a namespace each, htb-shaped at 50 Mbit/s both ways between any two), one peer in each, a
-job of one two-stage pipeline (so one peer is a spare). Once it trains, the kernel's rate of the link from
+job of one two-stage pipeline (so one peer is a spare); the DHT bootstrap and the coordinator run in a
+fourth region of their own, so the link that degrades carries the pipeline, not the control plane. Once it trains, the kernel's rate of the link from
 the first stage's region to the second's drops to 20 kB/s. Nothing probes while a job trains: the second
 stage's transport sees the activations queue on the link, its progress reports the figure, and the
 coordinator replans with reason ``link``; the new pipeline keeps that pair apart, and training goes on.
@@ -25,11 +26,12 @@ from tests.emulate.support import requires_netns
 
 pytestmark = [pytest.mark.netns, pytest.mark.multiprocess, pytest.mark.timeout(420), requires_netns]
 
-REGIONS = ["a", "b", "c"]
+REGIONS = ["a", "b", "c"]  # one peer each
+CONTROL = "ctl"  # the DHT bootstrap and the coordinator
+ALL = [*REGIONS, CONTROL]
 TOPO = topology_from_dict({
-    "regions": {r: {} for r in REGIONS},
-    "links": [{"a": x, "b": y, "bandwidth_gbps": 0.05, "rtt_ms": 1}
-              for i, x in enumerate(REGIONS) for y in REGIONS[i + 1:]],
+    "regions": {r: {} for r in ALL},
+    "links": [{"a": x, "b": y, "bandwidth_gbps": 0.05, "rtt_ms": 1} for i, x in enumerate(ALL) for y in ALL[i + 1:]],
 })  # fmt: skip
 DEGRADED_BPS = 20e3  # bytes/s: an activation message (~10 kB) takes half a second
 
@@ -98,7 +100,7 @@ def test_a_degraded_link_is_measured_by_real_traffic_and_replanned_around(
     children: ChildGroup, em: Emulation, tmp_path: Path
 ) -> None:
     env = {"GLOO_SOCKET_IFNAME": "eth0", "GEOTRAIN_LOG_LEVEL": "INFO"}
-    boot = children.start("dht", ["dht", "--host", em.address("a")], prefix=em.exec_prefix("a"), env=env)
+    boot = children.start("dht", ["dht", "--host", em.address(CONTROL)], prefix=em.exec_prefix(CONTROL), env=env)
     maddrs = boot.wait_event("ready", 60)["maddrs"]
     peers = {}
     for r in REGIONS:
@@ -114,8 +116,8 @@ def test_a_degraded_link_is_measured_by_real_traffic_and_replanned_around(
     coord = children.start(
         "coordinator",
         ["run", str(job), "--initial-peers", *maddrs, "--job-id", "linkjob", "--report-dir", str(report_dir),
-         "--host", em.address("a"), "--json"],
-        prefix=em.exec_prefix("a"), env=env, stderr_path=str(LOGS / "gt-link-coordinator.log"))
+         "--host", em.address(CONTROL), "--json"],
+        prefix=em.exec_prefix(CONTROL), env=env, stderr_path=str(LOGS / "gt-link-coordinator.log"))
     plan = coord.wait_event("plan", 300)
     first, second = _regions_of(plan["layout"][0])
     # it trains before the link degrades: the healthy link gives no figure and no replan
@@ -130,6 +132,7 @@ def test_a_degraded_link_is_measured_by_real_traffic_and_replanned_around(
     assert link["measured_bps"] <= 1.5 * DEGRADED_BPS and link["assumed_bps"] > 10 * DEGRADED_BPS, link
     replan = _until(coord, lambda e: e.get("event") == "replan", 30)
     assert replan["reason"] == "link"
+    assert replan["spares"] == 1, replan  # planned on all three peers (a quick read that missed the spare is redone)
     now = _regions_of(replan["layout"][0])
     assert {first, second} not in [{x, y} for x, y in zip(now, now[1:], strict=False)], (plan, replan)
 

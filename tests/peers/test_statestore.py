@@ -172,16 +172,19 @@ def test_progress_record_carries_typed_shards_and_reads_older_ones() -> None:
 
 
 def test_every_version_of_a_progress_record_passes_the_dht_validators(owner, chain) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
-    """New (typed shards), the version before (typed status, shards as stats keys) and the oldest (neither)."""
+    """New (links measured by traffic), the version before (typed shards), the one before it (typed status,
+    shards as stats keys) and the oldest (neither)."""
     sha = "cd" * 32
     new = ProgressRecord(peer_id=owner.peer_id, job_id="job", plan_version=1, step=10, tokens=0, round=2,
                          bytes_sent=0, bytes_received=0, updated_at=time.time(),
-                         shards=[Shard("job", 2, 10, 0, 3, sha, 0).report()]).to_wire()
-    between = {k: v for k, v in new.items() if k != "shards"}
+                         shards=[Shard("job", 2, 10, 0, 3, sha, 0).report()],
+                         links_in={owner.peer_id: {"bandwidth_bps": 1e4, "messages": 12, "queued": 9}}).to_wire()
+    before = {k: v for k, v in new.items() if k != "links_in"}
+    between = {k: v for k, v in before.items() if k != "shards"}
     between["stats"] = {f"shard:2:10:0-3:{sha}": 10.0}
     oldest = {k: v for k, v in between.items() if k != "status"}
     oldest["stats"] = {**between["stats"], "status": 0.0}
-    for wire in (new, between, oldest):
+    for wire in (new, before, between, oldest):
         assert chain.validate(make_record(owner, "progress", wire, signer=chain)), wire
         assert [s.sha256 for s in ProgressRecord.model_validate(wire, strict=True).shards] == [sha]
 

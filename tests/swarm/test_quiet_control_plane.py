@@ -27,7 +27,8 @@ def _agent(**config: Any) -> tuple[PeerAgent, list[Any], _Clock]:
                             config=SimpleNamespace(record_ttl_s=120.0, heartbeat_s=30.0),
                             publish_progress=lambda rec, ttl_s: published.append(SimpleNamespace(
                                 status=rec.status, job_id=rec.job_id, ttl=ttl_s)))
-    transport = SimpleNamespace(config=SimpleNamespace(curve=None), stats=SimpleNamespace(dropped={}))
+    transport = SimpleNamespace(config=SimpleNamespace(curve=None), stats=SimpleNamespace(dropped={}),
+                                inbound_links=dict)
     agent = PeerAgent(AgentConfig(region="r0", **config), swarm=swarm, transport=transport)  # type: ignore[arg-type]
     clock = _Clock()
     agent._clock = clock

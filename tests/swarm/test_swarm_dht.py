@@ -217,3 +217,27 @@ def test_a_quick_read_returns_the_swarms_records_not_this_nodes_own_last_write()
         client.shutdown()
         member.shutdown()
         boot.shutdown()
+
+
+def test_a_dht_process_that_never_reports_ready_is_replaced_once(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The forked DHT child hangs before it reports (as a fork that copied a held lock would): after half the
+    start timeout it is killed and a fresh one joins."""
+    import threading
+
+    from geotrain.swarm.dht_process import SwarmDHT
+
+    hung = tmp_path / "hung-once"
+    original = SwarmDHT.run
+
+    def run(self: SwarmDHT) -> None:  # runs in the forked child
+        if not hung.exists():
+            hung.write_text("this child hangs")
+            threading.Event().wait()
+        original(self)
+
+    monkeypatch.setattr(SwarmDHT, "run", run)
+    swarm = Swarm(SwarmConfig(**{**FAST, "start_timeout_s": 16.0})).start()  # type: ignore[arg-type]
+    try:
+        assert hung.exists() and swarm.started and swarm.visible_maddrs()
+    finally:
+        swarm.shutdown()
