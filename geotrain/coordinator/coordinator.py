@@ -296,7 +296,7 @@ class Coordinator:
             PlanRecord(job_id=self.config.job_id, version=version, plan=self._plan_wire(plan), published_at=time.time())
         )
         self.plan = plan
-        self._assumed = {(a, b): float(bps) for a, b, bps in planner_json.get("hop_bandwidth_bps", [])}
+        self._assumed = _fair_shares(plan, planner_json.get("hop_bandwidth_bps", []))
         self._degraded_since.clear()
         self._announce(plan)
         self._move_pointer()
@@ -829,3 +829,20 @@ class Coordinator:
         path = write_report(self.config.report_dir, report)
         self._emit({"event": "report", "path": str(path), "summary": summary})
         return report
+
+
+def _fair_shares(plan: JobPlan, hops: list[list[Any]]) -> dict[tuple[str, str], float]:
+    """What the plan assumed for each hop direction (bytes/s), as its share of the link: the hops of the plan
+    that go from one region to another split that region pair's link (probes measure one flow alone; a
+    region's egress, a shared uplink or an emulated region link then carries several at once)."""
+    region = {sl.peer: sl.region for pipe in plan.pipelines for sl in pipe}
+    pairs: dict[tuple[str, str], int] = {}
+    for a, b, _ in hops:
+        ra, rb = region.get(a, ""), region.get(b, "")
+        if ra != rb:
+            pairs[(ra, rb)] = pairs.get((ra, rb), 0) + 1
+    out = {}
+    for a, b, bps in hops:
+        ra, rb = region.get(a, ""), region.get(b, "")
+        out[(a, b)] = float(bps) / (pairs.get((ra, rb), 1) if ra != rb else 1)
+    return out

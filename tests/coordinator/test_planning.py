@@ -80,3 +80,20 @@ def test_a_figure_from_real_traffic_replaces_the_probes_for_its_direction_only()
     newer = {"QmA": LinkRow(src="QmA", links={"QmB": LinkMeasurement(bandwidth_bps=5e6, rtt_s=0.02,
                                                                       measured_at=t0 + 20)})}
     assert with_passive(newer, {("QmA", "QmB"): (1e4, t0 + 10)})["QmA"].links["QmB"].bandwidth_bps == 5e6
+
+
+def test_hops_that_cross_the_same_region_pair_are_held_to_their_share_of_its_link() -> None:
+    from geotrain.coordinator.coordinator import _fair_shares
+    from geotrain.plan import JobPlan, StageSlot
+
+    plan = JobPlan(job_id="j", version=1, num_blocks=2, stop_step=10, pipelines=(
+        (StageSlot(peer="A1", start=0, end=1, region="us"), StageSlot(peer="B1", start=1, end=2, region="eu")),
+        (StageSlot(peer="A2", start=0, end=1, region="us"), StageSlot(peer="B2", start=1, end=2, region="eu")),
+        (StageSlot(peer="A3", start=0, end=1, region="us"), StageSlot(peer="A4", start=1, end=2, region="us")),
+    ))
+    hops = [["A1", "B1", 8e6], ["B1", "A1", 8e6], ["A2", "B2", 8e6], ["B2", "A2", 4e6],
+            ["A3", "A4", 1e9], ["A4", "A3", 1e9]]
+    shares = _fair_shares(plan, hops)
+    assert shares[("A1", "B1")] == 4e6 and shares[("A2", "B2")] == 4e6  # two hops us -> eu split its link
+    assert shares[("B2", "A2")] == 2e6  # ... and two eu -> us
+    assert shares[("A3", "A4")] == 1e9  # inside a region: its own link
