@@ -239,50 +239,36 @@ class Swarm:
             max_depth=cfg.max_depth,
             max_ttl_s=cfg.max_ttl_s,
         )
-
-        def make() -> SwarmDHT:
-            return SwarmDHT(
-                initial_peers=list(cfg.initial_peers),
-                start=False,
-                record_validators=validators,
-                client_mode=cfg.client_mode,
-                host_maddrs=[cfg.host_maddr()],
-                announce_maddrs=cfg.announce_maddrs() or None,
-                use_relay=cfg.use_relay,
-                use_auto_relay=cfg.use_auto_relay,
-                identity_path=str(identity_path),
-                # the check dials the swarm with a throwaway p2pd to see whether our peer id is already
-                # online; a key minted a moment ago cannot be, so skip the extra daemon for those
-                check_if_identity_free=self.identity.path is not None,
-                wait_timeout=cfg.rpc_timeout_s,
-                bootstrap_timeout=cfg.rpc_timeout_s,
-                startup_timeout=min(cfg.start_timeout_s, 30.0),
-                shutdown_timeout=5.0,
-                # Quiet by design: no background re-reads of cached values (every reader polls on its own
-                # schedule) and no copy of each found value pushed to a nearer node after every read.
-                # A quick read (thorough=False) must come from the swarm, not from this node's copy of an
-                # earlier read or of its own last write (hivemind would return that one record as the whole
-                # dictionary): nothing is cached locally; this node's own replicas still answer first.
-                cache_refresh_before_expiry=0,
-                cache_nearest=0,
-                cache_locally=False,
-                cache_on_store=False,
-            )
-        # hivemind forks the DHT's process from this (threaded) one. On loaded machines a child has been seen
-        # to never report ready, not even with its own startup error (which it sends within 30 s): most
-        # likely a fork that copied a lock another thread held. A child silent for half the start timeout
-        # is killed and forked once more.
-        dht = self._dht = make()
+        dht = SwarmDHT(
+            initial_peers=list(cfg.initial_peers),
+            start=False,
+            record_validators=validators,
+            client_mode=cfg.client_mode,
+            host_maddrs=[cfg.host_maddr()],
+            announce_maddrs=cfg.announce_maddrs() or None,
+            use_relay=cfg.use_relay,
+            use_auto_relay=cfg.use_auto_relay,
+            identity_path=str(identity_path),
+            # the check dials the swarm with a throwaway p2pd to see whether our peer id is already
+            # online; a key minted a moment ago cannot be, so skip the extra daemon for those
+            check_if_identity_free=self.identity.path is not None,
+            wait_timeout=cfg.rpc_timeout_s,
+            bootstrap_timeout=cfg.rpc_timeout_s,
+            startup_timeout=min(cfg.start_timeout_s, 30.0),
+            shutdown_timeout=5.0,
+            # Quiet by design: no background re-reads of cached values (every reader polls on its own
+            # schedule) and no copy of each found value pushed to a nearer node after every read.
+            # A quick read (thorough=False) must come from the swarm, not from this node's copy of an
+            # earlier read or of its own last write (hivemind would return that one record as the whole
+            # dictionary): nothing is cached locally; this node's own replicas still answer first.
+            cache_refresh_before_expiry=0,
+            cache_nearest=0,
+            cache_locally=False,
+            cache_on_store=False,
+        )
+        self._dht = dht
         try:
-            try:
-                dht.run_in_background(await_ready=True, timeout=cfg.start_timeout_s / 2)
-            except TimeoutError:
-                logger.warning("the DHT process did not report within %.0fs; starting a fresh one",
-                               cfg.start_timeout_s / 2)
-                dht.kill()
-                dht.join(timeout=5.0)
-                dht = self._dht = make()
-                dht.run_in_background(await_ready=True, timeout=cfg.start_timeout_s / 2)
+            dht.run_in_background(await_ready=True, timeout=cfg.start_timeout_s)
         except TimeoutError as e:
             self.shutdown()
             raise BootstrapError(f"the DHT node did not start within {cfg.start_timeout_s}s") from e
