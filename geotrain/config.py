@@ -349,8 +349,9 @@ class SwarmSection:
     round_timeout_s: float = 60.0
     heartbeat_s: float = 10.0
     # a pipeline hop whose real traffic measures its link below this share of what the plan assumed, for
-    # link_replan_s, gets a new plan (reason "link") that prices the link at its measured figure; 0 turns it off
-    link_degraded_ratio: float = 0.5
+    # link_replan_s, gets a new plan (reason "link") that prices the link at its measured figure. Off (0) by
+    # default: on a loaded machine scheduling gaps have passed for a slow fast link (a false replan)
+    link_degraded_ratio: float = 0.0
     link_replan_s: float = 30.0
 
     def __post_init__(self) -> None:
