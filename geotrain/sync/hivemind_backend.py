@@ -120,7 +120,10 @@ class HivemindDiLoCoSync:
             tensors[0].copy_(pseudo_grad)
         deadline = self.config.deadline_s(8 * self.fragment.numel)
         try:
-            gathered = self._averager.step(timeout=deadline, allow_retries=False)
+            # DiLoCo's round is synchronous: a peer that reaches step H first keeps looking for its group
+            # until the deadline (one failed matchmaking attempt of min_matchmaking_time would otherwise
+            # abandon the round whenever the peers arrive further apart than that, and they then drift apart)
+            gathered = self._averager.step(timeout=deadline, allow_retries=True)
         except Exception as e:  # hivemind raises assorted errors on a failed group; the round is discarded
             gathered = None
             logger.warning("hivemind all-reduce failed: %s: %s", type(e).__name__, e)
