@@ -22,6 +22,7 @@
     │   └── DHTTimeoutError (TimeoutError)  a DHT get/store missed its deadline
     ├── PipelineError
     │   └── StageFailedError                a neighbour stage died or timed out; names peer and step
+    │       └── PlanSupersededError         a wait on a neighbour given up because a newer plan exists
     ├── SyncError
     │   ├── RoundAbortedError               this member cannot do its part; round discarded, progress kept
     │   └── BadContributionError            a member sent NaN/Inf/absurd-norm data; names the sender
@@ -146,6 +147,13 @@ class StageFailedError(PipelineError):
         super().__init__(message)
         self.peer = peer
         self.step = step
+
+
+class PlanSupersededError(StageFailedError):
+    """A step waiting on a neighbour gave up because a newer plan was published (the agent adopts it).
+
+    Nothing of the step was applied; the peer does not report itself stalled.
+    """
 
 
 class LocalRankError(PipelineError):

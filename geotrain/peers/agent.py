@@ -40,6 +40,7 @@ from geotrain.errors import (
     ConfigError,
     GeotrainError,
     LocalRankError,
+    PlanSupersededError,
     StateLostError,
     TransportError,
 )
@@ -446,6 +447,13 @@ class PeerAgent:
             if current is not None:
                 with self._lock:
                     self._latest = current
+                    worker, mine = self._worker, self._plan
+                plan = current[2]
+                if worker is not None and mine is not None and (
+                    plan.job_id != mine.job_id or plan.version > mine.version
+                ):
+                    # a step stuck on a neighbour of the old plan (dead, or replanned elsewhere) gives up now
+                    worker.interrupt(f"plan v{plan.version} of job {plan.job_id!r} was published")
                 self._news.set()
             # news (the coordinator's, of a new job or plan) wakes this at once; the poll is the fallback
             self._plan_news.poll_s = self._watch_period()
@@ -551,6 +559,10 @@ class PeerAgent:
             except LocalRankError as e:
                 self._leave(step, e)
                 return 3
+            except PlanSupersededError as e:
+                # not a stall: the loop adopts the newer plan now (nothing of the step was applied)
+                logger.info("step %d: %s", step, e)
+                continue
             except GeotrainError as e:
                 # a neighbour died or timed out (or a round could not run): wait for the next plan; a retry of
                 # the same step resumes after its optimizer step (StageWorker.step), never applies it twice

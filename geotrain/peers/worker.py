@@ -46,8 +46,9 @@ from typing import Any
 import torch
 
 from geotrain.config import JobSpec
-from geotrain.errors import CheckpointError, ConfigError, StateLostError, StateTransferError
+from geotrain.errors import CheckpointError, ConfigError, GeotrainError, StateLostError, StateTransferError
 from geotrain.models import build_stage
+from geotrain.peers.probe import PING
 from geotrain.peers.state import StageState, block_of, digest, fetch_state
 from geotrain.peers.statestore import StateStore
 from geotrain.pipeline import StageConfig, StageRuntime
@@ -55,7 +56,7 @@ from geotrain.pipeline.lr import LRSchedule
 from geotrain.plan import JobPlan, SyncGroup
 from geotrain.swarm.records import LinkMeasurement
 from geotrain.sync import DiLoCoConfig, DiLoCoSync, GroupRouter, Member, StaticMembership
-from geotrain.transport import Transport
+from geotrain.transport import Message, Transport
 
 logger = logging.getLogger(__name__)
 
@@ -311,6 +312,15 @@ class StageWorker:
                         key = sl.curve_public_key.encode() if sl.curve_public_key else None
                         self.transport.connect(sl.peer, sl.endpoint, region=sl.region, curve_server_key=key)
         left_out = held_before - plan_peers
+        # of those, the ones the new plan does not list as spares either were gone when it was made (dead,
+        # most likely): asked only if they answer a ping, so a dead one costs seconds, not a state timeout
+        gone = left_out - set(self.plan.spares)
+        if gone:
+            alive = _answering(self.transport, gone, timeout=min(GONE_PING_S, self.job.swarm.round_timeout_s))
+            if gone - alive:
+                logger.info("blocks [%d, %d): not asking %s for state (left out of plan v%d, no answer to a ping)",
+                            start, end, sorted(gone - alive), self.plan.version)
+            left_out -= gone - alive
         # a peer new to the job knows no previous plan: the holders the new plan left out are among its spares
         # (the agent connected those it could reach, ``spares``); asked last
         spares = set(self.spares) - plan_peers - held_before if previous_plan is None else set()
@@ -579,6 +589,11 @@ class StageWorker:
             rnd = min((o.version for sync in self.syncs for o in sync.outer), default=self.round)
         return StageState(self.plan.job_id, rnd, self._step if step is None else step, params, momentum)
 
+    def interrupt(self, reason: str) -> None:
+        """(Any thread.) A newer plan exists: a step stuck waiting on a neighbour gives up now
+        (:class:`~geotrain.errors.PlanSupersededError`, nothing applied) instead of after the hop timeout."""
+        self.runtime.interrupt(reason)
+
     def close(self) -> None:
         self._close_syncs()
         self.runtime.close()
@@ -592,6 +607,32 @@ class StageWorker:
                 sync.runner.close()  # idempotent: unregistered even when a flush failed
             if self._own_router:
                 self._router.close()
+
+
+#: seconds a previous holder the new plan left out (not even a spare) has to answer a ping before it is asked
+GONE_PING_S = 2.0
+
+
+def _answering(transport: Transport, peers: set[str], *, timeout: float) -> set[str]:
+    """The peers of ``peers`` that answer a ping within ``timeout`` (all asked at once)."""
+    alive: set[str] = set()
+    lock = threading.Lock()
+
+    def ping(peer: str) -> None:
+        try:
+            transport.request(peer, Message(kind=PING), timeout=timeout)
+        except GeotrainError:
+            return
+        with lock:
+            alive.add(peer)
+
+    threads = [threading.Thread(target=ping, args=(p,), name="gt-donor-ping", daemon=True) for p in sorted(peers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 1.0)
+    with lock:
+        return set(alive)
 
 
 #: donors a stage's state is fetched from at once, at most (chunks of about equal bytes, verified whole)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -39,7 +40,7 @@ from typing import Any
 
 import torch
 
-from geotrain.errors import ConfigError, PeerTimeoutError, StageFailedError
+from geotrain.errors import ConfigError, PeerTimeoutError, PlanSupersededError, StageFailedError
 from geotrain.models.stage import StageModule
 from geotrain.pipeline.config import StageConfig
 from geotrain.pipeline.hop import HopSender
@@ -49,6 +50,9 @@ from geotrain.transport import Message, Transport
 __all__ = ["StageRuntime", "StepMetrics"]
 
 logger = logging.getLogger(__name__)
+
+#: how long a wait on a neighbour goes without a message before it checks for a newer plan (interrupt)
+INTERRUPT_SLICE_S = 0.25
 
 KINDS = ("pp.act", "pp.grad", "pp.tgt", "pp.tied")
 EVAL_KINDS = ("pp.eval", "pp.evaltgt")
@@ -184,6 +188,10 @@ class StageRuntime:
         self._dropped: collections.Counter[str] = collections.Counter()
         self._recv_bytes: collections.Counter[str] = collections.Counter()
         self._recv_wait = 0.0
+        # set from any thread by interrupt(): a wait on a neighbour that has gone INTERRUPT_SLICE_S without a
+        # message gives up at once (a newer plan exists), instead of after the whole hop timeout
+        self._superseded = threading.Event()
+        self._superseded_by = ""
 
     # -- the public step API ----------------------------------------------------------------------
     def run_inner_step(self, step: int) -> StepMetrics:
@@ -285,6 +293,13 @@ class StageRuntime:
                 self._send(self.next_peer, "pp.eval", (i,), eval_id, {"x": out})
         self._flush(eval_id)
         return total / num_batches if c.is_last else None
+
+    def interrupt(self, reason: str) -> None:
+        """(Any thread.) Make a wait on a neighbour give up with PlanSupersededError once it has gone
+        ``INTERRUPT_SLICE_S`` without a message: ``reason`` (a newer plan) says why. A pipeline whose
+        messages keep flowing finishes its step."""
+        self._superseded_by = reason
+        self._superseded.set()
 
     def close(self) -> None:
         for hop in self._hops.values():
@@ -402,9 +417,17 @@ class StageRuntime:
             while True:
                 for hop in self._hops.values():
                     hop.check(step)
+                left = deadline - time.monotonic()
                 try:
-                    msg = self.transport.recv(kind, full, timeout=max(0.0, deadline - time.monotonic()))
+                    msg = self.transport.recv(kind, full, timeout=max(0.0, min(INTERRUPT_SLICE_S, left)))
                 except PeerTimeoutError as e:
+                    if self._superseded.is_set():
+                        raise PlanSupersededError(
+                            f"stage {c.stage} of pipeline {c.pipeline}: gave up waiting for {what} from peer "
+                            f"{peer} for step {step} {tag}: {self._superseded_by}", peer=peer, step=step,
+                        ) from e
+                    if left > INTERRUPT_SLICE_S:
+                        continue
                     raise StageFailedError(
                         f"stage {c.stage} of pipeline {c.pipeline}: no {what} from peer {peer} for step {step} "
                         f"{tag} within {c.hop_timeout_s}s", peer=peer, step=step,

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from geotrain.data import DataConfig, TokenDataset, build_dataset
-from geotrain.errors import ConfigError, StageFailedError
+from geotrain.errors import ConfigError, PlanSupersededError, StageFailedError
 from geotrain.models import GPTConfig, GPTModel, build_stage, even_split
 from geotrain.pipeline import LocalPipeline, StageConfig, StageRuntime
 from geotrain.transport import Message, Transport, TransportConfig
@@ -161,6 +161,35 @@ def test_a_silent_neighbour_raises_the_typed_timeout_within_the_deadline(dataset
         assert timeout <= took[s] < timeout + 5.0
         # a failed step leaves no partial gradient behind
         assert all(p.grad is None for p in pp.stages[s].parameters())
+
+
+def test_a_wait_on_a_silent_neighbour_gives_up_when_a_newer_plan_is_published(dataset) -> None:
+    # stage 1 never runs; the hop timeout is far away: only interrupt() can end stage 0's wait for gradients
+    with LocalPipeline(
+        GPTModel(TINY), even_split(TINY.num_blocks, 3), _config(hop_timeout_s=600.0), seed=SEED, data=_data(dataset)
+    ) as pp:
+        before = [p.detach().clone() for p in pp.runtimes[0].stage.parameters()]
+        waiting = threading.Event()
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            waiting.set()
+            try:
+                pp.runtimes[0].run_inner_step(3)
+            except StageFailedError as e:
+                errors.append(e)
+
+        t = threading.Thread(target=run)
+        t.start()
+        assert waiting.wait(30)
+        pp.runtimes[0].interrupt("plan v2 was published")
+        t.join(timeout=60)
+        assert not t.is_alive()
+    (err,) = errors
+    assert isinstance(err, PlanSupersededError) and err.peer == "pp-s1" and err.step == 3, err
+    assert "plan v2 was published" in str(err)
+    # nothing of the step was applied
+    assert all(torch.equal(a, b) for a, b in zip(before, pp.runtimes[0].stage.parameters(), strict=True))
 
 
 def test_foreign_and_stale_messages_are_dropped_and_counted(dataset) -> None:
