@@ -190,31 +190,47 @@ def preflight(
     dht_maddrs: list[str] = (),  # type: ignore[assignment]
     config: ReachabilityConfig | None = None,
 ) -> Reachability:
-    """Ask ``helpers`` ((peer id, endpoint, CURVE key or None), in order) to dial this peer back.
+    """Ask ``helpers`` ((peer id, endpoint, CURVE key or None)) to dial this peer back, all at once.
 
-    Stops after ``config.helpers`` answers. Sets ``transport.reachable`` to the verdict.
+    Returns once ``config.helpers`` answered (the first in ``helpers`` order count) or every one
+    answered or timed out. Sets ``transport.reachable`` to the verdict.
     """
     cfg = config or ReachabilityConfig()
     data_targets = list(transport.endpoints)
     dht_targets = [t for t in (_maddr_target(m) for m in dht_maddrs) if t is not None]
     data: dict[str, bool] = dict.fromkeys(data_targets, False)
     dht: dict[str, bool] = dict.fromkeys(dht_targets, False)
-    checked: list[str] = []
-    seen: list[str] = []
     targets = (data_targets + dht_targets)[: cfg.max_targets]
-    for peer_id, endpoint, key in helpers:
-        if len(checked) >= cfg.helpers:
-            break
+    # every helper is asked at once: one that does not answer (gone, or a closed swarm's member refusing an
+    # outsider) costs request_timeout_s in parallel, not in turn, before the next one is asked
+    replies: dict[str, Message] = {}
+    done = threading.Condition()
+    finished = [0]
+
+    def ask(peer_id: str, endpoint: str, key: str | None) -> None:
         try:
             transport.connect(peer_id, endpoint, curve_server_key=key.encode() if key else None)
             reply = transport.request(peer_id, Message(DIALBACK, meta={"targets": targets}),
                                       timeout=cfg.request_timeout_s)
-        except TransportError as e:  # PeerTimeoutError included: ask the next one
+        except TransportError as e:  # PeerTimeoutError included
             logger.info("reachability helper %s did not answer: %s", peer_id, e)
-            continue
-        ok = reply.meta.get("ok")
-        if not isinstance(ok, dict):
-            continue
+            reply = None
+        with done:
+            if reply is not None and isinstance(reply.meta.get("ok"), dict):
+                replies[peer_id] = reply
+            finished[0] += 1
+            done.notify_all()
+
+    for peer_id, endpoint, key in helpers:
+        threading.Thread(target=ask, args=(peer_id, endpoint, key), name="gt-reach-ask", daemon=True).start()
+    with done:
+        done.wait_for(lambda: len(replies) >= cfg.helpers or finished[0] >= len(helpers),
+                      timeout=cfg.request_timeout_s + 5.0)
+        answered = [(pid, replies[pid]) for pid, _, _ in helpers if pid in replies][: cfg.helpers]
+    checked: list[str] = []
+    seen: list[str] = []
+    for peer_id, reply in answered:
+        ok = reply.meta["ok"]
         checked.append(peer_id)
         origin = reply.meta.get("seen_from")
         if isinstance(origin, str) and origin not in seen:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from geotrain.cli.status import problems, reachability_word
-from geotrain.errors import ConfigError
+from geotrain.errors import ConfigError, PeerTimeoutError
 from geotrain.peers.probe import serve_probes
 from geotrain.peers.reachability import (
     Reachability,
@@ -71,6 +71,36 @@ def test_a_dialled_back_peer_is_reachable(started: list[Transport]) -> None:
     assert result.dht == {f"tcp://127.0.0.1:{dht_port}": False}  # nothing listens there
     assert result.checked_by == ("helper",) and result.seen_from == ("127.0.0.1",)
     assert result.fix(dht_port=dht_port, data_port=1)  # the DHT port needs opening
+
+
+def test_helpers_are_asked_at_once_so_a_silent_one_costs_no_turn(started: list[Transport]) -> None:
+    import threading
+
+    helper = _start(started, TransportConfig(), "helper")
+    serve_probes(helper)
+    me = _start(started, TransportConfig(), "me")
+    release = threading.Event()
+    real = me.request
+
+    def request(peer_id: str, msg, **kw):  # type: ignore[no-untyped-def]
+        if peer_id == "silent":  # a helper that never answers (gone, or refusing an outsider)
+            release.wait(60)
+            raise PeerTimeoutError("silent never answered")
+        return real(peer_id, msg, **kw)
+
+    me.request = request  # type: ignore[method-assign]
+    out: list[Reachability] = []
+    t = threading.Thread(target=lambda: out.append(preflight(
+        me, helpers=[("silent", "tcp://127.0.0.1:1", None), ("helper", helper.address, None)],
+        config=ReachabilityConfig(helpers=1, request_timeout_s=60.0))))
+    t.start()
+    t.join(30)
+    try:
+        assert not t.is_alive() and not release.is_set()  # answered while the silent helper still blocks
+        (result,) = out
+        assert result.reachable is True and result.checked_by == ("helper",)
+    finally:
+        release.set()
 
 
 def test_an_announced_address_nothing_answers_at_is_unreachable(started: list[Transport]) -> None:
