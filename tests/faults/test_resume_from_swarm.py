@@ -2,7 +2,8 @@
 
 Four peers (two pipelines of two stages: every block has two holders) each
 write their blocks into their own ``--state-dir``; the coordinator writes only
-manifests. After the first run ends at round 2 every process is SIGKILLed, each
+manifests. After the first run ends at round 2 every process is SIGKILLed (that
+first run is shared by the variants; each works on copies of what it left), each
 peer's state directory is moved to a new path (only that peer knows it), and
 everything the coordinator wrote is deleted except the newest manifest. Fresh
 peers started on the moved directories and a fresh coordinator with
@@ -32,6 +33,7 @@ import json
 import shutil
 import signal
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -136,48 +138,80 @@ def last_event(child: Child, event: str) -> dict[str, Any] | None:
     return next((e for e in reversed(child.seen) if e.get("event") == event), None)
 
 
-@pytest.mark.parametrize("variant", ["moved", "damaged", "lost", "remote", "forgotten"])
-def test_whole_swarm_killed_after_round_2_resumes_from_the_peers(
-    children: ChildGroup, logs: Path, tmp_path: Path, variant: str
-) -> None:
-    first_dirs = [tmp_path / f"state-{i}" for i in range(4)]
-    boot, maddrs, peers = start_swarm(children, logs, first_dirs, "1")
-    ids = [p.wait_event("ready", 120)["peer_id"] for p in peers]
-    remote = f"file://{tmp_path / 'remote'}" if variant == "remote" else None
-    # rounds 1 and 2, a checkpoint after each
-    first = coordinator(children, logs, tmp_path, maddrs, 10, "1", remote=remote)
-    manifest = first.wait_event("manifest", 240)
-    while manifest["step"] != 10:
+@dataclass
+class FirstRun:
+    """Rounds 1 and 2 of the job, run once for every variant: the swarm is SIGKILLed after them, except its
+    bootstrap DHT node (the ``damaged`` variant resumes on it); each variant works on copies."""
+
+    dir: Path  # job-1.toml, report/, remote/ and state-<i>/ (the peers' directories as the kill left them)
+    maddrs: list[str]
+    ids: list[str]
+    report: dict[str, Any]
+    done: dict[str, Any]
+    slots: list[tuple[Any, Any]]  # each peer's (slot, layers) in the first run's last plan
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FirstRun]:
+    tmp = tmp_path_factory.mktemp("first-run")
+    logs = tmp / "logs"
+    logs.mkdir()
+    children = ChildGroup()
+    try:
+        dirs = [tmp / f"state-{i}" for i in range(4)]
+        boot, maddrs, peers = start_swarm(children, logs, dirs, "1")
+        ids = [p.wait_event("ready", 120)["peer_id"] for p in peers]
+        # rounds 1 and 2, a checkpoint after each; every leader also uploads its shard to the remote copy
+        # (read only by the variant whose second run names it)
+        first = coordinator(children, logs, tmp, maddrs, 10, "1", remote=f"file://{tmp / 'remote'}")
         manifest = first.wait_event("manifest", 240)
-    done = first.wait_event("report", 240)
-    assert first.proc.wait(timeout=60) == 0
-    on_disk = json.loads((tmp_path / "report" / "manifests" / "step-000010.json").read_text())
-    assert (on_disk["job_id"], on_disk["round"], on_disk["step"]) == (JOB_ID, 2, 10)
-    assert {p for sh in on_disk["shards"] for p in sh["holders"]} == set(ids)  # every peer wrote its blocks
-    report1 = json.loads((tmp_path / "report" / "report.json").read_text())
-    first_slots = [((e or {}).get("slot"), (e or {}).get("layers")) for e in (last_event(p, "plan") for p in peers)]
+        while manifest["step"] != 10:
+            manifest = first.wait_event("manifest", 240)
+        done = first.wait_event("report", 240)
+        assert first.proc.wait(timeout=60) == 0
+        on_disk = json.loads((tmp / "report" / "manifests" / "step-000010.json").read_text())
+        assert (on_disk["job_id"], on_disk["round"], on_disk["step"]) == (JOB_ID, 2, 10)
+        assert {p for sh in on_disk["shards"] for p in sh["holders"]} == set(ids)  # every peer wrote its blocks
+        report = json.loads((tmp / "report" / "report.json").read_text())
+        slots = [((e or {}).get("slot"), (e or {}).get("layers")) for e in (last_event(p, "plan") for p in peers)]
+        for child in [first, *peers]:  # the bootstrap DHT node lives on
+            children.kill(child, signal.SIGKILL)
+        yield FirstRun(dir=tmp, maddrs=maddrs, ids=ids, report=report, done=done, slots=slots)
+    finally:
+        children.close(grace=2.0)
+        for f in sorted(logs.glob("*.log")):
+            print(f"----- {f.name} (last 60 lines)")
+            print("\n".join(f.read_text(errors="replace").splitlines()[-60:]))
+
+
+# "damaged" first: it resumes on the first run's DHT, whose records are youngest then
+@pytest.mark.parametrize("variant", ["damaged", "moved", "lost", "remote", "forgotten"])
+def test_whole_swarm_killed_after_round_2_resumes_from_the_peers(
+    children: ChildGroup, logs: Path, tmp_path: Path, first_run: FirstRun, variant: str
+) -> None:
+    ids, report1, done, first_slots = first_run.ids, first_run.report, first_run.done, first_run.slots
+    remote = f"file://{tmp_path / 'remote'}" if variant == "remote" else None
+    if remote is not None:
+        shutil.copytree(first_run.dir / "remote", tmp_path / "remote")
     # "damaged": the bootstrap DHT node lives on, and the coordinator keeps nothing at all (the manifest
     # comes from the DHT, beside the first coordinator's plan record)
     from_dht = variant == "damaged"
-    for child in [first, *peers, *([] if from_dht or boot is None else [boot])]:
-        children.kill(child, signal.SIGKILL)
+    maddrs = first_run.maddrs
 
     # only each peer knows where its state went; the coordinator keeps nothing but the newest manifest
     moved = [tmp_path / "elsewhere" / f"peer-{i}" for i in range(4)]
-    for a, b in zip(first_dirs, moved, strict=True):
-        shutil.move(str(a), str(b))
-    keep = tmp_path / "manifest.json"
-    shutil.copy(tmp_path / "report" / "manifests" / "step-000010.json", keep)
-    shutil.rmtree(tmp_path / "report")
+    for i, b in enumerate(moved):
+        shutil.copytree(first_run.dir / f"state-{i}", b)
     (tmp_path / "report" / "manifests").mkdir(parents=True)
-    shutil.move(str(keep), str(tmp_path / "report" / "manifests" / "step-000010.json"))
+    shutil.copy(first_run.dir / "report" / "manifests" / "step-000010.json",
+                tmp_path / "report" / "manifests" / "step-000010.json")
     if from_dht or variant == "forgotten":
         shutil.rmtree(tmp_path / "report")
     ref = reference(moved)
     assert set(ref.params) and len({n.split(".")[1] for n in ref.params}) == BLOCKS
     from geotrain.coordinator.evaluate import validation_loss
 
-    job10 = load_job(tmp_path / "job-1.toml")  # the checkpoint is the global model the first run ended with
+    job10 = load_job(first_run.dir / "job-1.toml")  # the checkpoint is the global model the first run ended with
     assert done["summary"]["val_loss_final"] == pytest.approx(validation_loss(job10, ref.params), abs=1e-6)
 
     refused_at: list[int] = []
