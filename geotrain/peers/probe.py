@@ -13,12 +13,13 @@ numbers; under emulation or tbf shaping they are the emulated link's.
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from dataclasses import dataclass
 
 import torch
 
-from geotrain.errors import ConfigError
+from geotrain.errors import ConfigError, GeotrainError
 from geotrain.transport import Message, Transport
 
 PING = "probe.ping"
@@ -61,6 +62,28 @@ def serve_probes(transport: Transport) -> None:
     transport.serve(PING, lambda m: Message(kind=PING + ".ok"))
     transport.serve(BULK, lambda m: Message(kind=BULK + ".ok", meta={"n": m.nbytes}))
     serve_dialback(transport)
+
+
+def answering(transport: Transport, peers: set[str], *, timeout: float) -> set[str]:
+    """The peers of ``peers`` that answer a ping within ``timeout`` (all asked at once)."""
+    alive: set[str] = set()
+    lock = threading.Lock()
+
+    def ping(peer: str) -> None:
+        try:
+            transport.request(peer, Message(kind=PING), timeout=timeout)
+        except GeotrainError:
+            return
+        with lock:
+            alive.add(peer)
+
+    threads = [threading.Thread(target=ping, args=(p,), name="gt-ping", daemon=True) for p in sorted(peers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 1.0)
+    with lock:
+        return set(alive)
 
 
 def measure_link(transport: Transport, peer_id: str, config: ProbeConfig | None = None) -> LinkMeasurement:

@@ -46,9 +46,9 @@ from typing import Any
 import torch
 
 from geotrain.config import JobSpec
-from geotrain.errors import CheckpointError, ConfigError, GeotrainError, StateLostError, StateTransferError
+from geotrain.errors import CheckpointError, ConfigError, StateLostError, StateTransferError
 from geotrain.models import build_stage
-from geotrain.peers.probe import PING
+from geotrain.peers.probe import answering
 from geotrain.peers.state import StageState, block_of, digest, fetch_state
 from geotrain.peers.statestore import StateStore
 from geotrain.pipeline import StageConfig, StageRuntime
@@ -56,7 +56,7 @@ from geotrain.pipeline.lr import LRSchedule
 from geotrain.plan import JobPlan, SyncGroup
 from geotrain.swarm.records import LinkMeasurement
 from geotrain.sync import DiLoCoConfig, DiLoCoSync, GroupRouter, Member, StaticMembership
-from geotrain.transport import Message, Transport
+from geotrain.transport import Transport
 
 logger = logging.getLogger(__name__)
 
@@ -316,7 +316,7 @@ class StageWorker:
         # most likely): asked only if they answer a ping, so a dead one costs seconds, not a state timeout
         gone = left_out - set(self.plan.spares)
         if gone:
-            alive = _answering(self.transport, gone, timeout=min(GONE_PING_S, self.job.swarm.round_timeout_s))
+            alive = answering(self.transport, gone, timeout=min(GONE_PING_S, self.job.swarm.round_timeout_s))
             if gone - alive:
                 logger.info("blocks [%d, %d): not asking %s for state (left out of plan v%d, no answer to a ping)",
                             start, end, sorted(gone - alive), self.plan.version)
@@ -611,28 +611,6 @@ class StageWorker:
 
 #: seconds a previous holder the new plan left out (not even a spare) has to answer a ping before it is asked
 GONE_PING_S = 2.0
-
-
-def _answering(transport: Transport, peers: set[str], *, timeout: float) -> set[str]:
-    """The peers of ``peers`` that answer a ping within ``timeout`` (all asked at once)."""
-    alive: set[str] = set()
-    lock = threading.Lock()
-
-    def ping(peer: str) -> None:
-        try:
-            transport.request(peer, Message(kind=PING), timeout=timeout)
-        except GeotrainError:
-            return
-        with lock:
-            alive.add(peer)
-
-    threads = [threading.Thread(target=ping, args=(p,), name="gt-donor-ping", daemon=True) for p in sorted(peers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout + 1.0)
-    with lock:
-        return set(alive)
 
 
 #: donors a stage's state is fetched from at once, at most (chunks of about equal bytes, verified whole)

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from geotrain.peers.probe import serve_probes
-from geotrain.peers.worker import _answering
+from geotrain.peers.probe import answering, serve_probes
 from geotrain.transport import Transport, TransportConfig
 
 
@@ -19,9 +18,9 @@ def test_only_holders_that_answer_a_ping_are_kept() -> None:
         gone_address = gone.address
         gone.close()  # its process died: the endpoint no longer answers
         asker.connect("gone", gone_address)
-        assert _answering(asker, {"live", "gone"}, timeout=2.0) == {"live"}
-        assert _answering(asker, set(), timeout=2.0) == set()
-        assert _answering(asker, {"never-connected"}, timeout=0.5) == set()  # a typed error, not a crash
+        assert answering(asker, {"live", "gone"}, timeout=2.0) == {"live"}
+        assert answering(asker, set(), timeout=2.0) == set()
+        assert answering(asker, {"never-connected"}, timeout=0.5) == set()  # a typed error, not a crash
     finally:
         asker.close()
         live.close()
