@@ -47,7 +47,11 @@ definitive outcome until ``2 D``; a member answers only with what is final:
 Rounds have no barrier: a member that starts a round more than 0.3 D after
 its leader (or whose leader's offer reaches the coordinator after 0.45 D) is
 not counted, but still applies the result; it is counted again once it keeps
-pace. With a DHT-backed membership a dead peer leaves the member list when its
+pace. A coordinator that starts late is waited for: a leader without a
+decision at 0.6 D whose coordinator answers a ``sync.ping`` waits for it until
+1.0 D and then runs its later phases as if the decision had come at 0.45 D,
+so a coordinator up to 0.7 D behind its leaders (1.0 D less its own gather,
+at most 0.3 D) still gets the round committed; such a round ends by 2.55 D. With a DHT-backed membership a dead peer leaves the member list when its
 heartbeat expires, so it stops costing rounds.
 
 A discarded round changes nothing: local parameters, global copy, outer
@@ -89,6 +93,9 @@ __all__ = ["GroupRouter", "RoundOutcome", "RoundRunner", "RoundStatus", "SyncSta
 
 logger = logging.getLogger(__name__)
 
+# how long a leader waits for the decision of a coordinator that answers but started the round late, as a
+# fraction of D from the leader's own start (see "Rounds have no barrier" above)
+LATE_DECISION = 1.0
 KINDS = ("sync.contrib", "sync.offer", "sync.decide", "sync.shard", "sync.result", "sync.final")
 
 
@@ -587,6 +594,14 @@ class _Round:
         else:
             self.r.send(coordinator, Message("sync.offer", self.tag, meta=offer), self.at(0.45))
             got = self.r.collect("sync.decide", self.tag, {coordinator}, self.at(0.6))
+            if coordinator not in got and self.r.alive(coordinator, timeout=min(1.0, 0.1 * self.d)):
+                # up, but it has not decided: it began this round later than we did (rounds have no barrier;
+                # a member slower between rounds, or one that learnt the last round by asking, starts late).
+                # Giving up now would lose the round everywhere: it would count our offer and wait for our
+                # shard. Wait on, and run our later phases on its schedule.
+                got = self.r.collect("sync.decide", self.tag, {coordinator}, self.at(LATE_DECISION))
+                if coordinator in got:
+                    self.t0 = max(self.t0, self.r.clock() - 0.45 * self.d)
             decision = got[coordinator].meta if coordinator in got else None
         if decision is None:
             return RoundOutcome(self.rid, RoundStatus.UNKNOWN, excluded=excluded, reason="no decision from the coordinator")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import torch
@@ -179,3 +180,25 @@ def test_the_commit_lock_is_free_while_a_round_waits(group: Group) -> None:
     outcomes = [f.result(timeout=30) for f in futures]
     assert all(out[0].committed for out in outcomes)
     assert max(waits) < 0.25 * FLOOR, waits
+
+
+def test_a_coordinator_that_starts_the_round_late_is_waited_for_and_the_round_commits(group: Group) -> None:
+    # rounds have no barrier: a coordinator slower between rounds (or one that learnt the last round by
+    # asking) starts this one late. Its decision comes after the other leader's 0.6 D; had that leader given
+    # up, the coordinator would count its offer and wait in vain for its shard: the round lost everywhere
+    floor = 2.0
+    late = 0.7 * floor
+    group.build(REGIONS, exact_config(deadline_floor_s=floor), seeded_model())
+    locals_ = _perturb(group)
+    coordinator = group.peers[_index(group, _pick(group, "coordinator"))]
+    started = threading.Event()
+    futures = [group.pool.submit(p.sync.after_inner_step, 1) for p in group.peers if p is not coordinator]
+    started.wait(late)  # the scenario: the coordinator reaches step 1 this much later than everyone else
+    futures.insert(_index(group, coordinator.peer_id), group.pool.submit(coordinator.sync.after_inner_step, 1))
+    outcomes = [f.result(timeout=30) for f in futures]
+    for peer, out in zip(group.peers, outcomes, strict=True):
+        assert out[0].committed, (peer.peer_id, out[0].reason)
+        assert sorted(out[0].contributors) == sorted(p.peer_id for p in group.peers)
+    expected = torch.stack(list(locals_.values())).mean(0)
+    torch.testing.assert_close(group.peers[0].sync.global_flat(), expected, atol=1e-6, rtol=0)
+    _assert_identical(group.peers)
