@@ -80,6 +80,16 @@ def terminate_p2pd(pid: int) -> bool:
 #: (Inside the DHT process.) key id -> (when found, the key's nearest other nodes, whether this node is one of
 #: its replicas), for direct writes.
 _REPLICAS: dict[Any, tuple[float, list[Any], bool]] = {}
+#: (Inside the DHT process.) Writes to replicas still under way after their store returned (kept referenced).
+_STRAGGLERS: set[Any] = set()
+
+
+def _stored(task: Any) -> bool:
+    """Whether one replica's ``call_store`` task took the record (a list of one bool per record, None on failure)."""
+    if task.cancelled() or task.exception() is not None:
+        return False
+    result = task.result()
+    return result is not None and len(result) > 0 and bool(result[0])
 
 
 async def store_direct(
@@ -124,13 +134,20 @@ async def store_direct(
     stored_here = 0
     if here and (protocol.record_validator is None or protocol.record_validator.validate(record)):
         stored_here = int(bool(protocol.storage.store(key_id, record.value, expiration, subkey=subkey)))
-    results = await asyncio.gather(
-        *(protocol.call_store(peer, keys=[key_id], values=[record.value], expiration_time=[expiration],
-                              subkeys=[subkey]) for peer in replicas),
-        return_exceptions=True,
-    )
-    # each answer: a list of one bool per record (None when the RPC failed), or the exception it raised
-    ok = sum(1 for r in results if r is not None and not isinstance(r, BaseException) and len(r) and bool(r[0]))
-    if ok < min(3, len(replicas)):
+    # done once min(3, replicas) took it: a replica behind a congested link (the very link a pipeline is
+    # saturating) finishes in the background, bounded by hivemind's RPC timeout, instead of holding up the
+    # heartbeat until the record it renews has expired
+    need = min(3, len(replicas))
+    pending = {asyncio.ensure_future(protocol.call_store(peer, keys=[key_id], values=[record.value],
+                                                          expiration_time=[expiration], subkeys=[subkey]))
+               for peer in replicas}
+    ok = 0
+    while pending and ok < need:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        ok += sum(1 for t in done if _stored(t))
+    for t in pending:
+        _STRAGGLERS.add(t)
+        t.add_done_callback(_STRAGGLERS.discard)
+    if ok < need:
         _REPLICAS.pop(key_id, None)  # a replica left or refused: look the key up again next time
     return ok + stored_here > 0

@@ -125,8 +125,11 @@ def test_a_degraded_link_is_measured_by_real_traffic_and_replanned_around(
            and any((p.get("step") or 0) >= 10 for p in e["peers"].values()), 180)
 
     em.set_rate(first, second, DEGRADED_BPS)
-    link = _until(coord, lambda e: e.get("event") in ("link", "replan"), 180)
-    assert link["event"] == "link", link  # the first replan is the link's, not a death's or a stall's
+    link = _until(coord, lambda e: e.get("event") in ("link", "death", "stall", "replan"), 180)
+    # the first replan is the link's, not a death's or a stall's (if not: whose, and what its log said last)
+    assert link["event"] == "link", (link, {
+        region_of.get(p, p): (LOGS / f"gt-link-peer-{region_of[p]}.log").read_text()[-3000:]
+        for p in [link.get("peer_id"), *link.get("peers", [])] if p in region_of})
     assert (region_of[link["src"]], region_of[link["dst"]]) == (first, second)
     # the figure is the kernel's new rate (a loaded machine can only make it slower), far below the plan's
     assert link["measured_bps"] <= 1.5 * DEGRADED_BPS and link["assumed_bps"] > 10 * DEGRADED_BPS, link

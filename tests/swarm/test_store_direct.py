@@ -1,0 +1,70 @@
+"""A record write is done once a quorum of its replicas took it: a slow replica finishes in the background.
+
+A replica behind a congested link (the very link a pipeline saturates) answered only at hivemind's RPC
+timeout, and every heartbeat waited for it: the record it renewed had expired by the time the next one came.
+``store_direct`` runs inside the DHT process on hivemind's node; here it runs on a stand-in node whose replicas
+answer at once, except one that answers only when the test lets it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from hivemind.dht.routing import DHTID
+from hivemind.utils.serializer import MSGPackSerializer
+
+from geotrain.swarm import dht_process
+
+
+class _Storage:
+    def store(self, *args: Any, **kwargs: Any) -> bool:
+        return True
+
+
+class _Protocol:
+    client_mode = True  # this node keeps no copy: every write goes out
+    serializer = MSGPackSerializer
+    record_validator = None
+    storage = _Storage()
+
+    def __init__(self, slow: str, release: asyncio.Event) -> None:
+        self.slow, self.release, self.calls = slow, release, []
+
+    async def call_store(self, peer: str, **kwargs: Any) -> list[bool] | None:
+        self.calls.append(peer)
+        if peer == self.slow:
+            await self.release.wait()
+        return [True]
+
+
+class _Node:
+    num_replicas = 5
+
+    def __init__(self, protocol: _Protocol, peers: list[str]) -> None:
+        self.protocol, self.peers, self.node_id = protocol, peers, DHTID.generate(source="me")
+
+    async def find_nearest_nodes(self, keys: list[DHTID], **kwargs: Any) -> dict[DHTID, dict[DHTID, str]]:
+        return {keys[0]: {DHTID.generate(source=p): p for p in self.peers}}
+
+
+def test_a_write_returns_once_three_replicas_took_it_and_the_slow_one_finishes_after() -> None:
+    async def scenario() -> tuple[bool, list[str], int, int]:
+        release = asyncio.Event()
+        protocol = _Protocol("r0", release)
+        node = _Node(protocol, ["r0", "r1", "r2", "r3"])
+        dht_process._REPLICAS.clear()
+        ok = await asyncio.wait_for(dht_process.store_direct(
+            None, node, key="k", subkey=b"s", value=b"v", expiration=1e12, refresh_s=300.0, beam=5), timeout=10)
+        waiting = len(dht_process._STRAGGLERS)
+        release.set()
+        for _ in range(100):  # the straggler completes on the loop's next turns
+            if not dht_process._STRAGGLERS:
+                break
+            await asyncio.sleep(0)
+        return ok, sorted(protocol.calls), waiting, len(dht_process._STRAGGLERS)
+
+    ok, calls, waiting, left = asyncio.run(scenario())
+    assert ok and calls == ["r0", "r1", "r2", "r3"]  # every replica was written to
+    assert waiting == 1 and left == 0  # the write returned while r0 still worked on it, which then finished
+    assert dht_process._REPLICAS  # three took it: the replicas need no new lookup
