@@ -425,6 +425,9 @@ class Coordinator:
             # deaths
             for pid in plan_peers:
                 if pid not in peers:
+                    if pid not in missing_since:
+                        logger.info("plan peer %s missing from the view (progress record: %s, peer record: %s)",
+                                    pid, pid in progress, pid in everyone)
                     missing_since.setdefault(pid, time.monotonic())
                 else:
                     missing_since.pop(pid, None)

@@ -77,7 +77,8 @@ class AgentConfig:
     an unknown key. A peer that follows a job publishes its progress at once when its status, plan or
     lost blocks change, on a new round or checkpoint no sooner than half a liveness period after its last
     write, and else every liveness period (the job's
-    ``swarm.heartbeat_s``, or ``--heartbeat`` or ``progress_every_s`` when shorter), expiring after 3:
+    ``swarm.heartbeat_s``, or ``--heartbeat`` or ``progress_every_s`` when shorter), expiring after 3
+    and an RPC timeout:
     the coordinator takes a plan peer without live progress for gone, so the peer record itself beats
     at the slow ``--heartbeat`` period.
     """
@@ -460,7 +461,7 @@ class PeerAgent:
             self._plan_news.wait()
 
     def _liveness_s(self) -> float:
-        """How often a peer that follows a job republishes its progress, which expires after 3 of these.
+        """How often a peer that follows a job republishes its progress (it expires after 3 of these and an RPC timeout).
 
         The job's ``swarm.heartbeat_s`` (or the command line's ``--heartbeat`` when shorter): the
         coordinator takes a plan peer without live progress for gone, so while in a job the progress
@@ -709,7 +710,7 @@ class PeerAgent:
                 ProgressRecord(peer_id=self.peer_id, job_id=job_id, plan_version=0, step=0, loss=None, tokens=0,
                                round=0, bytes_sent=0, bytes_received=0, updated_at=time.time(),
                                status=PeerStatus.IDLE, shards=self._shards(job_id)),
-                ttl_s=3 * self._liveness_s(),
+                ttl_s=self.swarm.config.liveness_ttl_s(self._liveness_s()),
             )
         except GeotrainError as e:
             logger.info("progress not published: %s", e)
@@ -800,7 +801,7 @@ class PeerAgent:
                     shards=self._shards(plan.job_id),
                     links_in=dict(list(links_in.items())[:8]),
                 ),
-                ttl_s=3 * self._liveness_s(),
+                ttl_s=self.swarm.config.liveness_ttl_s(self._liveness_s()),
             )
         except GeotrainError as e:
             logger.info("progress not published: %s", e)

@@ -6,7 +6,7 @@
 - :mod:`geotrain.swarm.schema`: the validators every node runs (limits, signature, schema).
 - :mod:`geotrain.swarm.msgpack_guard`: the pre-decode scan that keeps poisoned records
   from crashing a reader.
-- :class:`Heartbeat`: republishes a peer record; a dead peer vanishes within 3 periods.
+- :class:`Heartbeat`: republishes a peer record; a dead peer vanishes within 3 periods and an RPC timeout.
 - :mod:`geotrain.swarm.keys`: the swarm's shared secret (``geotrain keygen``).
 
 Importing this package does not import hivemind or torch; starting a :class:`Swarm` does.

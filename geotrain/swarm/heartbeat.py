@@ -1,9 +1,10 @@
 """The heartbeat: a peer proves it is alive by republishing its record.
 
 What is a heartbeat? One publication of the peer record, every ``period_s``,
-with a DHT expiration of 3 periods. Nobody sends "I left": a peer that dies
-simply stops refreshing, and its record expires within 3 periods. Missing one
-or two beats (a slow DHT, a GC pause) does not make a live peer vanish.
+with a DHT expiration of 3 periods and one RPC timeout (a renewal slowed by a
+replica behind a congested link still lands in time). Nobody sends "I left": a
+peer that dies simply stops refreshing, and its record expires within that.
+Missing one or two beats (a slow DHT, a GC pause) does not make a live peer vanish.
 """
 
 from __future__ import annotations

@@ -59,7 +59,8 @@ class SwarmConfig:
     reads and writes the DHT through others but stores nothing and serves no one.
     ``use_relay``: may use libp2p circuit relays to reach NATed nodes;
     ``use_auto_relay``: finds relays on its own and is reachable through them.
-    ``heartbeat_s``: period of the peer-record heartbeat; the record expires after 3 periods.
+    ``heartbeat_s``: period of the peer-record heartbeat; the record expires after 3 periods and one
+    ``rpc_timeout_s`` (:meth:`liveness_ttl_s`).
     ``record_ttl_s``: lifetime of link/job/plan/progress records (republish before it ends).
     ``max_ttl_s``/``max_value_bytes``/``max_depth``: what this node's validators accept.
     ``timeout_s``: deadline of each get/store; ``rpc_timeout_s``: of one hivemind RPC.
@@ -130,9 +131,10 @@ class SwarmConfig:
                 raise ConfigError(f"swarm.{name} must be > 0; got {getattr(self, name)}")
         if not 1 <= self.read_beam <= 64:
             raise ConfigError(f"swarm.read_beam must be in 1..64; got {self.read_beam}")
-        if 3 * self.heartbeat_s > self.max_ttl_s:
+        if self.peer_ttl_s > self.max_ttl_s:
             raise ConfigError(
-                f"swarm.heartbeat_s x 3 must be <= max_ttl_s ({self.max_ttl_s}); got {self.heartbeat_s}"
+                f"swarm.heartbeat_s x 3 + rpc_timeout_s must be <= max_ttl_s ({self.max_ttl_s}); got "
+                f"{self.heartbeat_s} and {self.rpc_timeout_s}"
             )
         if self.record_ttl_s > self.max_ttl_s:
             raise ConfigError(
@@ -143,8 +145,15 @@ class SwarmConfig:
 
     @property
     def peer_ttl_s(self) -> float:
-        """Lifetime of one heartbeat's peer record: 3 heartbeat periods."""
-        return 3 * self.heartbeat_s
+        """Lifetime of one heartbeat's peer record (see :meth:`liveness_ttl_s`)."""
+        return self.liveness_ttl_s(self.heartbeat_s)
+
+    def liveness_ttl_s(self, period_s: float) -> float:
+        """Lifetime of a record renewed every ``period_s`` whose absence means "gone": 3 periods and one RPC
+        timeout. A renewal waits for its replicas; one behind a congested link answers only at the RPC
+        timeout, and with 3 periods alone the record it renewed had expired by then: a live peer taken for
+        dead (seen when a pipeline saturated the link between two peers' DHT nodes)."""
+        return 3 * period_s + self.rpc_timeout_s
 
     def host_maddr(self) -> str:
         return _maddr(self.host, self.port)
@@ -329,7 +338,7 @@ class Swarm:
 
     # -- publishing ------------------------------------------------------------------------------
     def publish_peer(self, record: PeerRecord) -> bool:
-        """Publish this peer's record with expiry = 3 heartbeat periods. True if a replica took it."""
+        """Publish this peer's record with expiry :attr:`SwarmConfig.peer_ttl_s`. True if a replica took it."""
         self._check_own(record.peer_id, "peer_id")
         return self._publish("peers", record, self.config.peer_ttl_s)
 
@@ -349,7 +358,7 @@ class Swarm:
     def publish_progress(self, progress: ProgressRecord, *, ttl_s: float | None = None) -> bool:
         """Publish this peer's progress, expiring after ``ttl_s`` (default ``record_ttl_s``).
 
-        A job's peers publish it every liveness period with 3 periods of lifetime: for the coordinator a
+        A job's peers publish it every liveness period with :meth:`SwarmConfig.liveness_ttl_s` of lifetime: for the coordinator a
         plan peer whose progress expired is gone (as a peer whose record expired is for everyone).
         """
         self._check_own(progress.peer_id, "peer_id")
@@ -477,8 +486,12 @@ class Swarm:
                     expiration=expiration, refresh_s=max(300.0, 10.0 * self._size), beam=max(cfg.read_beam, 5)),
             return_future=True,
         )
+        started = time.monotonic()
         ok = bool(self._wait(future, f"store {kind}"))
-        _ops_log.debug("store %s %d bytes", kind, len(packed))
+        took = time.monotonic() - started
+        _ops_log.debug("store %s %d bytes in %.2fs", kind, len(packed), took)
+        if took > 1.0:  # a record renewed late may have expired meanwhile: worth knowing why a peer looked gone
+            logger.info("DHT store of our %s record took %.1fs", kind, took)
         if not ok:
             logger.warning("no DHT node accepted our %s record", kind)
         return ok

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from geotrain.peers.agent import AgentConfig, PeerAgent
+from geotrain.swarm import SwarmConfig
 from geotrain.swarm.records import PeerStatus
 
 
@@ -24,7 +25,7 @@ class _Clock:
 def _agent(**config: Any) -> tuple[PeerAgent, list[Any], _Clock]:
     published: list[Any] = []
     swarm = SimpleNamespace(peer_id="peer-a", admission=None,
-                            config=SimpleNamespace(record_ttl_s=120.0, heartbeat_s=30.0),
+                            config=SwarmConfig(record_ttl_s=120.0, heartbeat_s=30.0),
                             publish_progress=lambda rec, ttl_s: published.append(SimpleNamespace(
                                 status=rec.status, job_id=rec.job_id, ttl=ttl_s)))
     transport = SimpleNamespace(config=SimpleNamespace(curve=None), stats=SimpleNamespace(dropped={}),
@@ -43,7 +44,7 @@ def test_a_peer_of_a_job_publishes_progress_every_liveness_period_and_at_once_wh
     agent._following = "job-1"
     assert agent._progress_tick() and len(published) == 1  # it follows a job now: the coordinator must know
     assert published[0].status == PeerStatus.IDLE and published[0].job_id == "job-1"
-    assert published[-1].ttl == 30.0  # 3 liveness periods: a peer that dies vanishes from the job as fast
+    assert published[-1].ttl == 30.0 + 3.0  # 3 liveness periods and an RPC timeout: a peer that dies vanishes from the job as fast
     for _ in range(3):  # nothing changed: quiet, however often the loop ticks
         clock.t += 3.0
         assert not agent._progress_tick()
@@ -75,7 +76,7 @@ def test_the_liveness_period_is_the_jobs_heartbeat_or_the_command_lines_when_sho
     assert agent._liveness_s() == 10.0
     agent._job = SimpleNamespace(swarm=SimpleNamespace(heartbeat_s=4.0))  # type: ignore[assignment]
     assert agent._liveness_s() == 4.0
-    agent.swarm.config.heartbeat_s = 2.0  # geotrain peer --heartbeat 2
+    agent.swarm.config = SwarmConfig(record_ttl_s=120.0, heartbeat_s=2.0)  # type: ignore[misc]  # geotrain peer --heartbeat 2
     assert agent._liveness_s() == 2.0
 
 

@@ -66,7 +66,7 @@ def test_publish_and_read_every_kind(pair: tuple[Swarm, Swarm]) -> None:
 def test_each_defective_record_is_refused_and_the_honest_one_still_reads(pair: tuple[Swarm, Swarm]) -> None:
     boot, member = pair
     honest = peer_record(member.peer_id, usd_per_hour=1.25)
-    # keep the honest record alive through the attacks (its TTL is 3 heartbeats = 3 s)
+    # keep the honest record alive through the attacks (its TTL is 3 heartbeats and an RPC timeout = 5 s)
     hb = member.start_heartbeat(lambda: honest)
     assert hb.wait_first(15)
     key = "geotrain_peers"
@@ -128,7 +128,7 @@ def test_heartbeat_keeps_a_peer_alive_and_it_vanishes_within_three_periods(pair:
         hb = publisher.start_heartbeat(lambda: base.model_copy(update={"heartbeat_at": time.time()}))
         assert hb.wait_first(15)
         first = wait_until(lambda: boot.get_peers().get(publisher.peer_id), 15)
-        # a record outlives one TTL (3 periods) only if it is refreshed: wait for a much later heartbeat
+        # a record outlives one TTL (3 periods and an RPC timeout) only if it is refreshed: wait for a much later heartbeat
         later = wait_until(
             lambda: (
                 (r := boot.get_peers().get(publisher.peer_id))
@@ -142,10 +142,12 @@ def test_heartbeat_keeps_a_peer_alive_and_it_vanishes_within_three_periods(pair:
     stopped = time.time()
     assert not hb.alive
     last_beat = later.heartbeat_at
-    wait_until(lambda: publisher.peer_id not in boot.get_peers(), 3 * period + 10)
+    wait_until(lambda: publisher.peer_id not in boot.get_peers(), publisher.config.peer_ttl_s + 10)
     gone = time.time()
-    # expiry = last heartbeat + 3 periods; allow the poll interval and one in-flight beat
-    assert gone - last_beat <= 3 * period + period + 1.5, (gone - last_beat, gone - stopped)
+    # expiry = last heartbeat + 3 periods + one RPC timeout; allow the poll interval and one in-flight beat
+    ttl = publisher.config.peer_ttl_s
+    assert ttl == 3 * period + FAST["rpc_timeout_s"]
+    assert gone - last_beat <= ttl + period + 1.5, (gone - last_beat, gone - stopped)
 
 
 def test_bootstrap_failure_is_fast_and_clear_and_a_live_second_peer_is_enough(
@@ -174,7 +176,7 @@ def test_a_quick_read_returns_the_swarms_records_not_this_nodes_own_last_write()
     member = Swarm(SwarmConfig(initial_peers=tuple(boot.visible_maddrs()), **FAST)).start()  # type: ignore[arg-type]
     client = Swarm(SwarmConfig(initial_peers=tuple(boot.visible_maddrs()), client_mode=True, **FAST)).start()  # type: ignore[arg-type]
     try:
-        # progress records (30 s of lifetime here): a peer record lives 3 heartbeats of 1 s, which a loaded
+        # progress records (30 s of lifetime here): a peer record lives 3 heartbeats of 1 s and an RPC timeout, which a loaded
         # machine can spend between the two writes and the read
         def progress(peer_id: str) -> ProgressRecord:
             return ProgressRecord(
