@@ -461,7 +461,8 @@ class PeerAgent:
             self._plan_news.wait()
 
     def _liveness_s(self) -> float:
-        """How often a peer that follows a job republishes its progress (it expires after 3 of these and an RPC timeout).
+        """How often a peer that follows a job republishes its progress (it expires after 3 of these and an
+        RPC timeout).
 
         The job's ``swarm.heartbeat_s`` (or the command line's ``--heartbeat`` when shorter): the
         coordinator takes a plan peer without live progress for gone, so while in a job the progress

@@ -12,7 +12,8 @@ meaningful. :mod:`geotrain.swarm.schema` derives from them the pydantic v1
 schema that hivemind's ``SchemaValidator`` enforces on every DHT node.
 
 Words: a **heartbeat** is a republication of a peer record; its DHT expiration
-is 3 heartbeat periods and an RPC timeout, so a dead peer's record vanishes within that time.
+is 3 heartbeat periods and an RPC timeout, so a dead peer's record vanishes
+within that time.
 """
 
 from __future__ import annotations

@@ -358,8 +358,9 @@ class Swarm:
     def publish_progress(self, progress: ProgressRecord, *, ttl_s: float | None = None) -> bool:
         """Publish this peer's progress, expiring after ``ttl_s`` (default ``record_ttl_s``).
 
-        A job's peers publish it every liveness period with :meth:`SwarmConfig.liveness_ttl_s` of lifetime: for the coordinator a
-        plan peer whose progress expired is gone (as a peer whose record expired is for everyone).
+        A job's peers publish it every liveness period with :meth:`SwarmConfig.liveness_ttl_s` of lifetime:
+        for the coordinator a plan peer whose progress expired is gone (as a peer whose record expired is for
+        everyone).
         """
         self._check_own(progress.peer_id, "peer_id")
         return self._publish("progress", progress, min(ttl_s or self.config.record_ttl_s, self.config.max_ttl_s))

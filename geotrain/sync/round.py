@@ -51,7 +51,8 @@ pace. A coordinator that starts late is waited for: a leader without a
 decision at 0.6 D whose coordinator answers a ``sync.ping`` waits for it until
 1.0 D and then runs its later phases as if the decision had come at 0.45 D,
 so a coordinator up to 0.7 D behind its leaders (1.0 D less its own gather,
-at most 0.3 D) still gets the round committed; such a round ends by 2.55 D. With a DHT-backed membership a dead peer leaves the member list when its
+at most 0.3 D) still gets the round committed; such a round ends by 2.55 D.
+With a DHT-backed membership a dead peer leaves the member list when its
 heartbeat expires, so it stops costing rounds.
 
 A discarded round changes nothing: local parameters, global copy, outer
