@@ -51,7 +51,7 @@ __all__ = ["StageRuntime", "StepMetrics"]
 
 logger = logging.getLogger(__name__)
 
-#: how often a wait on a neighbour checks for a newer plan (interrupt) while no message comes
+#: how long a wait on a neighbour goes without a message before it checks for a newer plan (interrupt)
 INTERRUPT_SLICE_S = 0.25
 
 KINDS = ("pp.act", "pp.grad", "pp.tgt", "pp.tied")
@@ -188,8 +188,8 @@ class StageRuntime:
         self._dropped: collections.Counter[str] = collections.Counter()
         self._recv_bytes: collections.Counter[str] = collections.Counter()
         self._recv_wait = 0.0
-        # set from any thread by interrupt(): a wait on a neighbour gives up within INTERRUPT_SLICE_S (a newer
-        # plan exists), instead of after the whole hop timeout
+        # set from any thread by interrupt(): a wait on a neighbour that has gone INTERRUPT_SLICE_S without a
+        # message gives up at once (a newer plan exists), instead of after the whole hop timeout
         self._superseded = threading.Event()
         self._superseded_by = ""
 
@@ -295,10 +295,9 @@ class StageRuntime:
         return total / num_batches if c.is_last else None
 
     def interrupt(self, reason: str) -> None:
-        """(Any thread.) Make the current or next wait on a neighbour give up with PlanSupersededError,
-        within ``INTERRUPT_SLICE_S``: ``reason`` (a newer plan) says why. Messages that keep arriving do not
-        keep the step going: a worker is never kept across plans, and behind a degraded link the old plan's
-        queued messages arrived for half a minute while the new plan waited for this peer."""
+        """(Any thread.) Make a wait on a neighbour give up with PlanSupersededError once it has gone
+        ``INTERRUPT_SLICE_S`` without a message: ``reason`` (a newer plan) says why. A pipeline whose
+        messages keep flowing finishes its step."""
         self._superseded_by = reason
         self._superseded.set()
 
@@ -419,16 +418,14 @@ class StageRuntime:
                 for hop in self._hops.values():
                     hop.check(step)
                 left = deadline - time.monotonic()
-                if self._superseded.is_set():
-                    raise PlanSupersededError(
-                        f"stage {c.stage} of pipeline {c.pipeline}: gave up waiting for {what} from peer "
-                        f"{peer} for step {step} {tag}: {self._superseded_by}", peer=peer, step=step,
-                    )
                 try:
                     msg = self.transport.recv(kind, full, timeout=max(0.0, min(INTERRUPT_SLICE_S, left)))
                 except PeerTimeoutError as e:
                     if self._superseded.is_set():
-                        continue  # raised at the top of the loop
+                        raise PlanSupersededError(
+                            f"stage {c.stage} of pipeline {c.pipeline}: gave up waiting for {what} from peer "
+                            f"{peer} for step {step} {tag}: {self._superseded_by}", peer=peer, step=step,
+                        ) from e
                     if left > INTERRUPT_SLICE_S:
                         continue
                     raise StageFailedError(
