@@ -78,11 +78,8 @@ def terminate_p2pd(pid: int) -> bool:
 
 
 #: (Inside the DHT process.) key id -> (when found, the key's nearest other nodes, whether this node is one of
-#: its replicas, the swarm's size then), for direct writes.
-_REPLICAS: dict[Any, tuple[float, list[Any], bool, int]] = {}
-#: (Inside the DHT process.) How often a replica set short of ``num_replicas`` is looked up again even when
-#: the peer list did not grow (the bootstrap and coordinators are DHT nodes without a peer record).
-SHORT_REFRESH_S = 30.0
+#: its replicas), for direct writes.
+_REPLICAS: dict[Any, tuple[float, list[Any], bool]] = {}
 #: (Inside the DHT process.) Writes to replicas still under way after their store returned (kept referenced).
 _STRAGGLERS: set[Any] = set()
 
@@ -96,8 +93,7 @@ def _stored(task: Any) -> bool:
 
 
 async def store_direct(
-    _dht: DHT, node: Any, *, key: Any, subkey: Any, value: Any, expiration: float, refresh_s: float, beam: int,
-    swarm_size: int = 1,
+    _dht: DHT, node: Any, *, key: Any, subkey: Any, value: Any, expiration: float, refresh_s: float, beam: int
 ) -> bool:
     """(Runs inside the DHT process, via ``DHT.run_coroutine``.) Store one signed subkey record, quietly.
 
@@ -105,10 +101,7 @@ async def store_direct(
     the key's whole value: for a dictionary of N records (the peers, their progress) each write then
     moves O(N) bytes from several nodes. This writes straight to the replicas a lookup found earlier (one
     lookup per ``refresh_s``, or when fewer than 3 of them, or fewer than all when there are under 3, took
-    the record, or when the set is short of ``num_replicas`` and ``swarm_size`` grew since or
-    ``SHORT_REFRESH_S`` passed: a young swarm's first writes found only the nodes there were, and readers,
-    who look among the key's nearest nodes of the grown swarm, missed them), so a heartbeat costs its own
-    record times the replicas, whatever N is.
+    the record), so a heartbeat costs its own record times the replicas, whatever N is.
     """
     import asyncio
     import dataclasses
@@ -121,11 +114,7 @@ async def store_direct(
     now = time.monotonic()
     protocol = node.protocol
     known = _REPLICAS.get(key_id)
-    # a set found while the swarm had fewer nodes than the replication factor is short: nodes that joined
-    # since are among the key's nearest, where readers look, and would never see this node's writes
-    grown = known is not None and len(known[1]) + int(known[2]) < node.num_replicas and (
-        swarm_size > known[3] or now - known[0] > SHORT_REFRESH_S)
-    if known is None or now - known[0] > refresh_s or not (known[1] or known[2]) or grown:
+    if known is None or now - known[0] > refresh_s or not (known[1] or known[2]):
         found = await node.find_nearest_nodes([key_id], k_nearest=node.num_replicas, beam_size=beam,
                                               exclude_self=True)
         nearest = dict(found.get(key_id, {}))
@@ -133,9 +122,9 @@ async def store_direct(
         # own store: it keeps the record too (else readers that ask it get the others' records without its own)
         candidates = sorted([*nearest, *([] if protocol.client_mode else [node.node_id])], key=key_id.xor_distance)
         chosen = candidates[: node.num_replicas]
-        known = (now, [nearest[n] for n in chosen if n in nearest], node.node_id in chosen, swarm_size)
+        known = (now, [nearest[n] for n in chosen if n in nearest], node.node_id in chosen)
         _REPLICAS[key_id] = known
-    _, replicas, here, _ = known
+    _, replicas, here = known
     if not replicas and not here:  # alone in the swarm: keep it here, as hivemind's own store would
         return bool(await node.store(key, value, expiration, subkey=subkey))
     record = DHTRecord(key_id.to_bytes(), protocol.serializer.dumps(subkey), protocol.serializer.dumps(value),

@@ -484,8 +484,7 @@ class Swarm:
         # node asked) every 5 minutes, or 10 s per peer in a large swarm, and whenever most did not answer.
         future = self._require().run_coroutine(
             partial(store_direct, key=dht_key(cfg.swarm, kind), subkey=self._owner_subkey, value=value,
-                    expiration=expiration, refresh_s=max(300.0, 10.0 * self._size), beam=max(cfg.read_beam, 5),
-                    swarm_size=self._size),
+                    expiration=expiration, refresh_s=max(300.0, 10.0 * self._size), beam=max(cfg.read_beam, 5)),
             return_future=True,
         )
         started = time.monotonic()

@@ -68,24 +68,3 @@ def test_a_write_returns_once_three_replicas_took_it_and_the_slow_one_finishes_a
     assert ok and calls == ["r0", "r1", "r2", "r3"]  # every replica was written to
     assert waiting == 1 and left == 0  # the write returned while r0 still worked on it, which then finished
     assert dht_process._REPLICAS  # three took it: the replicas need no new lookup
-
-
-def test_a_replica_set_found_in_a_young_swarm_is_looked_up_again_once_the_swarm_grew() -> None:
-    # the first peer's first writes find only the bootstrap; readers of the grown swarm look among the key's
-    # nearest nodes, where that write never went (a finished peer's progress was missed for minutes)
-    async def scenario() -> tuple[list[str], list[str], list[str]]:
-        protocol = _Protocol("nobody", asyncio.Event())
-        node = _Node(protocol, ["boot"])
-        dht_process._REPLICAS.clear()
-        write = dict(key="k", subkey=b"s", value=b"v", expiration=1e12, refresh_s=300.0, beam=5)
-        await dht_process.store_direct(None, node, **write, swarm_size=1)
-        first = list(protocol.calls)
-        node.peers = ["boot", "p1", "p2"]  # two peers joined
-        await dht_process.store_direct(None, node, **write, swarm_size=1)  # this node has not seen them yet
-        same = protocol.calls[len(first):]
-        await dht_process.store_direct(None, node, **write, swarm_size=3)  # its peer list read grew
-        return first, same, protocol.calls[len(first) + len(same):]
-
-    first, same, grown = asyncio.run(scenario())
-    assert first == ["boot"] and same == ["boot"]  # no lookup per write: the set is kept while nothing changed
-    assert sorted(grown) == ["boot", "p1", "p2"]
