@@ -501,7 +501,7 @@ class Coordinator:
         """The current plan's hop directions whose real traffic has measured their link below
         ``swarm.link_degraded_ratio`` of the plan's figure for ``swarm.link_replan_s``.
 
-        Each receiving peer reports the links into it whose messages queued (``ProgressRecord.links_in``): those
+        Each receiving peer reports the links into it that held its messages (``ProgressRecord.links_in``): those
         figures are kept (they price the link in every later plan). A report that says the link keeps up, or
         none from a peer whose record was read, ends a degradation; a record missed by one read does not.
         """

@@ -777,7 +777,7 @@ class PeerAgent:
                     runs.append([b, b + 1])
             for a, b in runs[:6]:
                 stats[f"lost:{a}-{b}"] = 1.0
-        # links into this peer that its plan's traffic found limiting (their messages queued): the coordinator
+        # links into this peer that its plan's traffic found limiting (it held their messages): the coordinator
         # compares them with what the plan assumed (a degraded link gets a replan). A link that keeps up has no
         # figure, so a healthy run adds nothing to the record.
         plan_peers = set(regions)

@@ -214,9 +214,9 @@ class ShardReport(_Record):
 class InboundLinkReport(_Record):
     """A link into the reporting peer as its real traffic measured it (:mod:`geotrain.transport.linkmeter`)."""
 
-    bandwidth_bps: NonNegative  # bytes per second, from messages that queued on the link
+    bandwidth_bps: NonNegative  # bytes per second, from the messages the link held
     messages: Count  # stamped messages of the window
-    queued: Count  # of them, those that queued behind the one before
+    queued: Count  # of them, those the link held (20 ms or more beyond the sender's quickest transit)
 
 
 class ProgressRecord(_Record):
@@ -245,7 +245,7 @@ class ProgressRecord(_Record):
     stats: Annotated[dict[str, Finite], Field(max_length=64)] = Field(default_factory=dict)
     status: PeerStatus = PeerStatus.IDLE
     shards: Annotated[list[ShardReport], Field(max_length=16)] = Field(default_factory=list)
-    # senders whose messages queued on their link into this peer (a link that limits the pipeline), by peer id
+    # senders whose messages their link into this peer held (a link that limits the pipeline), by peer id
     links_in: Annotated[dict[PeerIdStr, InboundLinkReport], Field(max_length=8)] = Field(default_factory=dict)
 
     @model_validator(mode="before")
