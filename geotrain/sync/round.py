@@ -34,7 +34,10 @@ definitive outcome until ``2 D``; a member answers only with what is final:
 - a member dies before phase 1: its vector is missing; the round goes on without it;
 - a leader dies: its region group is not counted; its region's members notice
   at once (their ``sync.ping`` goes unanswered), learn the result by asking, and
-  keep their own progress (see below);
+  keep their own progress (see below); one that dies or freezes right after it
+  committed is noticed while they wait for its result (they ping it again
+  every ``min(1 s, 0.1 D)``), so they learn the result seconds after the
+  other regions, not at 1.1 D;
 - the coordinator dies before deciding: no decision exists, nobody commits,
   every member asks in vain and discards the round at ``2 D``;
 - a shard owner dies before sending its shard to anyone: nobody holds the whole
@@ -493,13 +496,21 @@ class _Round:
         if not own_ok:
             meta = {"abstain": own_reason[:512]}
         self.r.send(self.leader.peer_id, Message("sync.contrib", self.tag, meta=meta, tensors=tensors), self.at(0.3))
-        # a dead leader would cost us the whole 1.1 D wait and leave us late for the next round: probe it
-        if self.r.alive(self.leader.peer_id, timeout=min(1.0, 0.1 * self.d)):
-            got = self.r.collect("sync.final", self.tag, {self.leader.peer_id}, self.at(1.1))
+        # a dead leader would cost us the whole 1.1 D wait and leave us late for the next round: probe it, and
+        # again while we wait (one frozen or killed right after it committed never sends us the result while
+        # the other regions have it: waiting out 1.1 D put this region that far behind them, and a skew past
+        # 0.7 D loses every later round, since each member times its round from its own start)
+        leader, probe = self.leader.peer_id, min(1.0, 0.1 * self.d)
+        got: dict[str, Message] = {}
+        if self.r.alive(leader, timeout=probe):
+            while not got and self.r.clock() < self.at(1.1):
+                got = self.r.collect("sync.final", self.tag, {leader}, min(self.at(1.1), self.r.clock() + 2 * probe))
+                if not got and self.r.clock() < self.at(1.1) and not self.r.alive(leader, timeout=probe):
+                    logger.warning("leader %s of round %s stopped answering; asking the others", leader, self.rid)
+                    break
         else:
-            logger.warning("leader %s of round %s does not answer; asking the others", self.leader.peer_id, self.rid)
-            got = {}
-        msg = got.get(self.leader.peer_id)
+            logger.warning("leader %s of round %s does not answer; asking the others", leader, self.rid)
+        msg = got.get(leader)
         if msg is not None:
             outcome = self._read_final(msg)
             if outcome is not None:

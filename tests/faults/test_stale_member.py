@@ -33,8 +33,10 @@ FLOOR = 12.0  # round deadline D; a round ends by 2 D
 def test_member_frozen_past_the_deadline_catches_up_without_diverging(children: ChildGroup) -> None:
     spec = [("p0", "eu"), ("p1", "eu"), ("p2", "eu"), ("p3", "us")]
     procs = {
-        pid: children.start(pid, ["--peer-id", pid, "--region", region, "--floor", str(FLOOR), "--rounds", "3"],
-                            module="tests.sync.member_proc")
+        # each holds at round 2's start until told to go on: the victim is frozen there, before it syncs (a
+        # fast round 2 once ran its course, round 3 begun, between its round_start line and the SIGSTOP)
+        pid: children.start(pid, ["--peer-id", pid, "--region", region, "--floor", str(FLOOR), "--rounds", "3",
+                                  "--hold-at", "2"], module="tests.sync.member_proc")
         for pid, region in spec
     }
     members = [Member(pid, region, procs[pid].wait_event("ready", 60)["address"]) for pid, region in spec]
@@ -49,9 +51,11 @@ def test_member_frozen_past_the_deadline_catches_up_without_diverging(children: 
             ctl.connect(m.peer_id, m.address)
             ctl.send(m.peer_id, Message("test.members", meta={"members": [[x.peer_id, x.region, x.address] for x in members]}),
                      timeout=10)
+        for pid in survivors:
+            ctl.send(pid, Message("test.resume"), timeout=10)
         procs[victim].wait_event("round_start", 60)
         first = procs[victim].wait_event("round", 60)
-        procs[victim].wait_event("round_start", 60)  # round 2 has begun here
+        procs[victim].wait_event("round_start", 60)  # round 2 has begun here; it waits for test.resume
         procs[victim].signal(signal.SIGSTOP)
         try:
             rounds = {pid: [procs[pid].wait_event("round", 60) for _ in range(3)] for pid in survivors}
@@ -59,6 +63,7 @@ def test_member_frozen_past_the_deadline_catches_up_without_diverging(children: 
                 procs[pid].wait_event("done", 60)
         finally:
             procs[victim].signal(signal.SIGCONT)
+        ctl.send(victim, Message("test.resume"), timeout=10)
         rounds[victim] = [first] + [procs[victim].wait_event("round", 60) for _ in range(2)]
         for pid in [*survivors, victim]:
             ctl.send(pid, Message("test.stop"), timeout=10)

@@ -30,6 +30,8 @@ def main() -> int:
     p.add_argument("--region", required=True)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--floor", type=float, default=2.0)
+    p.add_argument("--hold-at", type=int, default=0,
+                   help="after round_start of this round, wait for a test.resume message before syncing")
     args = p.parse_args()
     torch.set_num_threads(1)
     transport = Transport(TransportConfig(), peer_id=args.peer_id, region=args.region).start()
@@ -51,6 +53,8 @@ def main() -> int:
                 for q in model.parameters():
                     q.add_(torch.randn(q.shape, generator=g) * 0.01)
             emit(event="round_start", round=r)
+            if r == args.hold_at:  # the test freezes this process here: it must not sync before it is frozen
+                transport.recv("test.resume", timeout=300.0)
             t0 = time.monotonic()
             (outcome,) = sync.after_inner_step(r)
             digest = hashlib.sha256(sync.global_flat().numpy().tobytes()).hexdigest()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
+import pytest
 import torch
 
 from geotrain.sync import Member, RoundId, RoundRoles
@@ -202,3 +204,35 @@ def test_a_coordinator_that_starts_the_round_late_is_waited_for_and_the_round_co
     expected = torch.stack(list(locals_.values())).mean(0)
     torch.testing.assert_close(group.peers[0].sync.global_flat(), expected, atol=1e-6, rtol=0)
     _assert_identical(group.peers)
+
+
+def test_a_leader_silent_right_after_it_committed_is_noticed_while_its_member_waits(
+    group: Group, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a leader frozen or killed once it committed never sends its member the result, which the other region
+    # holds. Waiting out 1.1 D put that member's region 1.1 D behind the other, and a skew past 0.7 D lost every
+    # later round (each member times a round from its own start): the member pings its leader while it waits
+    group.build(REGIONS, exact_config(deadline_floor_s=20.0), seeded_model())
+    locals_ = _perturb(group)
+    leader = group.peers[_index(group, _pick(group, "leader"))]
+    runner = leader.sync.runner
+    send = runner.send
+
+    def silent_once_committed(peer: str, msg: Message, deadline: float) -> None:
+        if msg.kind == "sync.final":
+            leader.transport.close()  # its result stays here; it answers nothing any more
+            return
+        send(peer, msg, deadline)
+
+    runner.send = silent_once_committed  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="geotrain.sync.round"):
+        outcomes = group.step_all(1)
+    for peer, out in zip(group.peers, outcomes, strict=True):
+        assert out[0].committed, (peer.peer_id, out[0].reason)
+        assert sorted(out[0].contributors) == sorted(locals_)
+    member = next(p for p in group.peers if p is not leader and p.transport.region == leader.transport.region)
+    # it asked the others once its leader stopped answering, not at its 1.1 D (22 s)
+    assert any(f"leader {leader.peer_id}" in r.getMessage() and "stopped answering" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+    _assert_identical(group.peers)
+    assert member.sync.global_flat().equal(group.peers[0].sync.global_flat())
