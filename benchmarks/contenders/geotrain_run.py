@@ -5,9 +5,13 @@ the first region, one ``geotrain peer`` per peer (with the scenario's one-way
 delay in the transport, ``--emulate``, only when the kernel-level delay layer is
 not active; bandwidth too with ``--emulate-bandwidth`` when the kernel does not
 shape it), and the coordinator ``geotrain run --json``
-in the first region. The clock starts at the coordinator's ``plan`` event
-(when training can begin) and stops at the first ``progress`` event in which
-every peer of the plan reports done; the kernel counters are read at both.
+in the first region. The clock starts when every peer of the first plan has
+built its worker and can train (the latest of their ``plan`` events' times, as
+the other contenders' clocks start at their barrier once model and process
+group are set up; the time from the coordinator's ``plan`` event to then is
+``setup_s``) and stops at the first ``progress`` event in which every peer of
+the plan reports done; the kernel counters are read at the coordinator's
+``plan`` event (setup bytes count as the run's) and at the end.
 The job's ``stop.steps`` may lie past the budget (``budget_steps``): the first
 progress line where every peer has passed the budget gives the fixed-budget
 time and counters, and past it each new complete checkpoint goes to
@@ -49,6 +53,7 @@ class GeotrainRun:
     budget_s: float | None = None
     kernel_budget_bytes: dict[str, Any] | None = None
     stopped: str = "cap"  # "target": stopped once a checkpoint reached the target loss
+    setup_s: float | None = None  # the coordinator's plan -> every peer's worker built (outside wall_s)
 
 
 def to_toml(job: Mapping[str, Mapping[str, Any]]) -> str:
@@ -69,6 +74,16 @@ def to_toml(job: Mapping[str, Mapping[str, Any]]) -> str:
                 raise TypeError(f"job.{section}.{k}: only scalars go into the job file; got {type(v).__name__}")
         lines.append("")
     return "\n".join(lines)
+
+
+def _first_plan(peer: Any, timeout: float) -> dict[str, Any]:
+    """The peer's first ``plan`` (worker built) or ``spare`` event."""
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        e = peer.next_event(min(left, 0.5))
+        if e is not None and e.get("event") in ("plan", "spare"):
+            return dict(e)
+    raise TimeoutError(f"{peer.name}: no plan or spare event within {timeout:.0f}s; last output: {peer.lines[-5:]}")
 
 
 def run_geotrain(
@@ -106,7 +121,11 @@ def run_geotrain(
                             ["run", str(job_path), "--initial-peers", *maddrs, "--job-id", job_id,
                              "--report-dir", str(report_dir), "--host", network.host(home), "--json"], region=home)
         plan = coord.wait_event("plan", left())
-        at_go, t_go, t_go_wall = network.counters(), time.monotonic(), time.time()
+        at_go, t_plan, t_plan_wall = network.counters(), time.monotonic(), time.time()
+        # the clock starts once every peer built its worker (model, data, state) and can train
+        ready = [_first_plan(p, left()) for p in peers]
+        t_go_wall = max([t_plan_wall, *(float(e["time"]) for e in ready if "time" in e)])
+        t_go = t_plan + (t_go_wall - t_plan_wall)
         at_end: dict[str, dict[str, int]] | None = None
         at_budget: dict[str, dict[str, int]] | None = None
         t_end: float | None = None
@@ -147,7 +166,7 @@ def run_geotrain(
     return GeotrainRun(wall_s=t_end - t_go, report=report, checkpoints=checkpoints, checkpoint_note=note,
                        kernel_bytes=diff(at_end, at_go), kernel_setup_bytes=diff(at_go, before_setup),
                        budget_s=None if t_budget is None else t_budget - t_go,
-                       kernel_budget_bytes=diff(at_budget, at_go), stopped=stopped)
+                       kernel_budget_bytes=diff(at_budget, at_go), stopped=stopped, setup_s=t_go - t_plan)
 
 
 def read_checkpoints(job: dict[str, Any], job_id: str, pipelines: int, t_go_wall: float,

@@ -680,7 +680,7 @@ class PeerAgent:
         self._emit({"event": "plan", "peer_id": self.peer_id, "plan_version": plan.version, "slot": [p, s],
                     "layers": list(plan.slot(p, s).layers), "start_step": start,
                     "state": worker.state_source, "state_sha256": worker.initial_digest,
-                    "local_state": worker.local_restored})
+                    "local_state": worker.local_restored, "time": round(time.time(), 3)})
         return start
 
     def _finish(self, step: int) -> None:
