@@ -161,6 +161,8 @@ def run_geotrain(
     report = json.loads((report_dir / "report.json").read_text())
     pipelines = len((report.get("plans") or [{}])[-1].get("pipelines") or [])
     checkpoints, note = read_checkpoints(job, report["summary"]["job_id"], pipelines, t_go_wall)
+    for c in checkpoints:  # one written before the last peer was ready counts at the clock's start
+        c["t_s"] = max(0.0, float(c["t_s"]))
     if budget_steps is not None and t_budget is None and stopped != "target":
         at_budget, t_budget = at_end, t_end  # the run ended at (or before) the budget
     return GeotrainRun(wall_s=t_end - t_go, report=report, checkpoints=checkpoints, checkpoint_note=note,
