@@ -509,7 +509,7 @@ def _geotrain(run_geotrain: Any, evaluate_checkpoints: Any, job: dict[str, Any],
                             "over the time in the plan, setup included, as geotrain's report gives it)",
         "setup_note": "setup_s: the coordinator's plan to every peer's worker built (model, data, state); the clock "
                       "starts after it, as the other contenders' start after their model and process group are set up",
-        "time_breakdown": time_breakdown(rep.get("peer_stats") or {}),
+        "time_breakdown": time_breakdown(stats),
         "extra": {"pipelines": len(plan.get("pipelines") or []),
                   "stages": [len(p) for p in plan.get("pipelines") or []],
                   "plan_versions": s.get("plan_versions"), "report_wall_s": s.get("wall_s")},

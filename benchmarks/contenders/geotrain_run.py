@@ -161,8 +161,6 @@ def run_geotrain(
     report = json.loads((report_dir / "report.json").read_text())
     pipelines = len((report.get("plans") or [{}])[-1].get("pipelines") or [])
     checkpoints, note = read_checkpoints(job, report["summary"]["job_id"], pipelines, t_go_wall)
-    for c in checkpoints:  # one written before the last peer was ready counts at the clock's start
-        c["t_s"] = max(0.0, float(c["t_s"]))
     if budget_steps is not None and t_budget is None and stopped != "target":
         at_budget, t_budget = at_end, t_end  # the run ended at (or before) the budget
     return GeotrainRun(wall_s=t_end - t_go, report=report, checkpoints=checkpoints, checkpoint_note=note,
@@ -206,7 +204,8 @@ def read_checkpoints(job: dict[str, Any], job_id: str, pipelines: int, t_go_wall
             continue
         if skip is not None:
             skip.add(d.name)
-        t = max(m.stat().st_mtime for m in manifests) - t_go_wall
+        # one written before the last peer was ready counts at the clock's start
+        t = max(0.0, max(m.stat().st_mtime for m in manifests) - t_go_wall)
         out.append({"t_s": t, "tokens": step * tokens_per_step, "params": state.params})
     note = None if out else f"no complete checkpoints under {root}: only the final global model is evaluated"
     return out, note
