@@ -764,18 +764,19 @@ class Coordinator:
         wall = self._t()
         tokens = r.throughput[-1]["tokens"] if r.throughput else 0
         if self.config.evaluate and self.plan is not None and self.transport is not None:
-            from geotrain.coordinator.evaluate import evaluate_plan
+            from geotrain.coordinator.evaluate import final_row, initial_row
 
             final: list[Any] = []
+            rows = [initial_row(self.job)]  # kept when the final state cannot be fetched
             try:
-                rows = evaluate_plan(self.job, self.plan, self.transport, t_s=round(wall, 3), tokens=tokens,
-                                     keep=final)
-                # the final global model was evaluated already when the stop step was an eval step: once is enough
-                periodic = [v for v in r.validation
-                            if all((v["step"], v["round"]) != (f["step"], f["round"]) for f in rows[1:])]
-                r.validation = [rows[0], *periodic, *rows[1:]]
+                rows.append(final_row(self.job, self.plan, self.transport, t_s=round(wall, 3), tokens=tokens,
+                                      keep=final))
             except GeotrainError as e:
                 self._event("error", message=f"final evaluation failed: {e}")
+            # the final global model was evaluated already when the stop step was an eval step: once is enough
+            periodic = [v for v in r.validation
+                        if all((v["step"], v["round"]) != (f["step"], f["round"]) for f in rows[1:])]
+            r.validation = [rows[0], *periodic, *rows[1:]]
             if final:
                 self._write_model(final[0])
         pairs = self._bytes_by_region_pair()
@@ -798,7 +799,8 @@ class Coordinator:
             "train_loss_first": r.loss[0]["loss"] if r.loss else None,
             "train_loss_last": r.loss[-1]["loss"] if r.loss else None,
             "val_loss_initial": val[0]["loss"] if val else None,
-            "val_loss_final": val[-1]["loss"] if val else None,
+            # the global model's last evaluation: None when none was fetched (the seed's loss is not a final one)
+            "val_loss_final": next((v["loss"] for v in reversed(val) if v.get("source") != "init"), None),
             "cross_region_bytes": cross,
             "total_bytes": sum(pr.bytes_sent for pr in r.last_progress.values()),
             "usd_total": usd["total"],

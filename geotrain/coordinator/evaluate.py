@@ -67,27 +67,34 @@ def fetch_global(job: JobSpec, plan: JobPlan, transport: Transport, *, timeout: 
     return state
 
 
-def evaluate_plan(
+def initial_row(job: JobSpec) -> dict[str, Any]:
+    """The report's first validation row: the seeded initial model's loss (computed here, nothing fetched)."""
+    return {"t_s": 0.0, "step": 0, "round": 0, "tokens": 0, "loss": validation_loss(job), "source": "init"}
+
+
+def final_row(
     job: JobSpec, plan: JobPlan, transport: Transport, *, t_s: float, tokens: int, keep: list[StageState] | None = None
-) -> list[dict[str, Any]]:
-    """Validation rows for the report: the seeded initial model and the final global model.
+) -> dict[str, Any]:
+    """The final global model's validation row, its state fetched from the plan's stage groups.
 
     ``keep``: the final global state fetched is appended to it (the run directory's model is written from it).
+    Raises what the fetch raises (:class:`~geotrain.errors.StateTransferError` and kin).
     """
-    rows: list[dict[str, Any]] = [
-        {"t_s": 0.0, "step": 0, "round": 0, "tokens": 0, "loss": validation_loss(job), "source": "init"}
-    ]
     state = fetch_global(job, plan, transport, timeout=job.swarm.round_timeout_s)
     if keep is not None:
         keep.append(state)
-    rows.append(
-        {
-            "t_s": t_s,
-            "step": state.step,
-            "round": state.round,
-            "tokens": tokens,
-            "loss": validation_loss(job, state.params),
-            "source": "global",
-        }
-    )
-    return rows
+    return {
+        "t_s": t_s,
+        "step": state.step,
+        "round": state.round,
+        "tokens": tokens,
+        "loss": validation_loss(job, state.params),
+        "source": "global",
+    }
+
+
+def evaluate_plan(
+    job: JobSpec, plan: JobPlan, transport: Transport, *, t_s: float, tokens: int, keep: list[StageState] | None = None
+) -> list[dict[str, Any]]:
+    """Validation rows for the report: the seeded initial model and the final global model."""
+    return [initial_row(job), final_row(job, plan, transport, t_s=t_s, tokens=tokens, keep=keep)]

@@ -36,6 +36,9 @@ def test_members_train_and_outsider_is_refused(children: ChildGroup, tmp_path: P
     assert planned == set(swarm.peer_ids())
     assert out_ready["peer_id"] not in {p["peer_id"] for p in report["peers"]}
     assert report["summary"]["rounds"] >= 1
+    errors = [e for e in report["events"] if e["kind"] == "error"]
+    assert report["summary"]["val_loss_initial"] is not None, errors  # the seed's loss, fetched or not
+    assert report["summary"]["val_loss_final"] is not None, errors  # the final state came back
     assert report["summary"]["val_loss_final"] < report["summary"]["val_loss_initial"]
 
     # a client with no CURVE credentials cannot talk to a member's data plane
