@@ -42,6 +42,24 @@ def net() -> Iterator[Callable[..., Transport]]:
             t.close()
 
 
+HEAVY_DIRS = ("emulate", "benchmarks")  # namespaces, kernel byte counters and whole benchmark runs
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``./dev test`` (pytest-xdist, ``--dist loadgroup``): every test that starts processes, namespaces or
+    a benchmark joins one group, which one worker runs in collection order, as a serial run would; the
+    in-process tests are spread over the other workers beside it.
+
+    Why not spread everything: those tests load both cores by themselves (a bootstrap, peers and a
+    coordinator), and two of them at once would double the load their deadlines were set for.
+    """
+    for item in items:
+        folder = item.path.parent.name
+        if item.get_closest_marker("multiprocess") or item.get_closest_marker("netns") or folder in HEAVY_DIRS:
+            item.add_marker(pytest.mark.xdist_group("processes"))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """A backstop behind pytest-timeout: a test still running 2 minutes past its timeout (each attempt's) ends the session.
