@@ -42,29 +42,22 @@ def net() -> Iterator[Callable[..., Transport]]:
             t.close()
 
 
-# the multi-process tests' two serial groups, by folder: namespaces, benchmarks, the simulator's validation and the
-# fault tests in one (the namespace tests share the emulated subnets); the other multi-process tests in the other
-NAMESPACE_GROUP_DIRS = ("emulate", "benchmarks", "sim", "faults")
+HEAVY_DIRS = ("emulate", "benchmarks")  # namespaces, kernel byte counters and whole benchmark runs
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under ``./dev test`` (pytest-xdist, ``--dist loadgroup``): the tests that start processes or namespaces form
-    two groups, each run by one worker in collection order; the in-process tests fill in beside them.
+    """Under ``./dev test`` (pytest-xdist, ``--dist loadgroup``): every test that starts processes, namespaces or
+    a benchmark joins one group, which one worker runs in collection order, as a serial run would; the
+    in-process tests are spread over the other workers beside it.
 
-    Why not spread those tests over every worker: each one loads both cores by itself (a bootstrap, peers and
-    a coordinator); two at once is the load their deadlines are set for (a test beside a busy loop), more is
-    not. The namespace tests must not overlap at all: they share the emulated subnets and kernel counters.
+    Why not spread everything: those tests load both cores by themselves (a bootstrap, peers and a
+    coordinator), and two of them at once would double the load their deadlines were set for.
     """
     for item in items:
         folder = item.path.parent.name
-        if item.get_closest_marker("netns") or folder in ("emulate", "benchmarks"):
-            group = "namespaces"  # the in-process ones too: they shape the same links and read the same counters
-        elif item.get_closest_marker("multiprocess"):
-            group = "namespaces" if folder in NAMESPACE_GROUP_DIRS else "processes"
-        else:
-            continue
-        item.add_marker(pytest.mark.xdist_group(group))
+        if item.get_closest_marker("multiprocess") or item.get_closest_marker("netns") or folder in HEAVY_DIRS:
+            item.add_marker(pytest.mark.xdist_group("processes"))
 
 
 @pytest.hookimpl(hookwrapper=True)

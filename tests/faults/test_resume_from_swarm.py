@@ -269,7 +269,7 @@ def test_whole_swarm_killed_after_round_2_resumes_from_the_peers(
         at_home = plan["state"] == "store" and (plan["slot"], plan["layers"]) == first_slots[i]
         # local state (residuals, AdamW moments) only ever at its old place; there only when the new plan's
         # stage groups are the old ones too (the planner may cut the other pipeline differently this time)
-        assert at_home or not plan["local_state"], (plan, first_slots[i])
+        assert at_home or not plan["local_state"], json.dumps({"plan": plan, "first_run": first_slots[i]})
         sources.append(plan["state"])
     if variant == "remote":
         assert "remote" in sources and "store" not in sources, sources
