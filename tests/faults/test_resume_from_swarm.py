@@ -266,9 +266,13 @@ def test_whole_swarm_killed_after_round_2_resumes_from_the_peers(
         a, b = plan["layers"]
         assert plan["start_step"] == 10 and plan["state"] in ("store", "peers", "remote"), plan
         assert plan["state_sha256"] == digest(ref.select(a, b).params)[0], plan
-        at_home = plan["state"] == "store" and (plan["slot"], plan["layers"]) == first_slots[i]
-        # local state (residuals, AdamW moments) only ever at its old place; there only when the new plan's
-        # stage groups are the old ones too (the planner may cut the other pipeline differently this time)
+        slot, layers = first_slots[i]
+        # at its old place (pipeline and stage), from its own directory, its blocks among the ones it held: the
+        # planner may cut the stages differently this time (measured speeds vary under load), and a narrower
+        # stage at the same place keeps its parameters' AdamW moments (residuals need the same stage group)
+        at_home = (plan["state"] == "store" and layers is not None and plan["slot"] == slot
+                   and layers[0] <= plan["layers"][0] and plan["layers"][1] <= layers[1])
+        # local state (residuals, AdamW moments) only ever at its old place
         assert at_home or not plan["local_state"], json.dumps({"plan": plan, "first_run": first_slots[i]})
         sources.append(plan["state"])
     if variant == "remote":
