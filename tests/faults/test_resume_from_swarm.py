@@ -221,7 +221,8 @@ def test_whole_swarm_killed_after_round_2_resumes_from_the_peers(
         pipe0 = report1["plans"][-1]["pipelines"][0]
         a, b = ids.index(pipe0[0]["peer"]), ids.index(pipe0[1]["peer"])
         shutil.rmtree(moved[a])
-        (pt,) = checkpoint.step_dir(moved[b] / JOB_ID, 10).glob("b*.safetensors")
+        # one shard, or one per stage group when the first run's planner cut the pipelines differently (load)
+        pt = sorted(checkpoint.step_dir(moved[b] / JOB_ID, 10).glob("b*.safetensors"))[0]
         data = bytearray(pt.read_bytes())
         data[len(data) // 2] ^= 0xFF
         pt.write_bytes(bytes(data))

@@ -62,5 +62,6 @@ def test_status_lists_peers_and_links_and_a_killed_peer_disappears(children: Chi
     killed_at = time.monotonic()
     wait_for(lambda st: victim not in {p["peer_id"] for p in st["peers"]}, swarm.maddrs, timeout=30)
     gone_after = time.monotonic() - killed_at
-    # a record lives 3 heartbeats and an RPC timeout (3 s) after its last refresh; allow for one status round trip
-    assert gone_after < 3 * heartbeat + 3 + 10
+    # a record lives 3 heartbeats and an RPC timeout (3 s) after its last refresh; allow for two status round trips,
+    # each a fresh `geotrain status` process (19 s in all seen in CI on a loaded box)
+    assert gone_after < 3 * heartbeat + 3 + 25
