@@ -92,9 +92,3 @@ def final_row(
         "source": "global",
     }
 
-
-def evaluate_plan(
-    job: JobSpec, plan: JobPlan, transport: Transport, *, t_s: float, tokens: int, keep: list[StageState] | None = None
-) -> list[dict[str, Any]]:
-    """Validation rows for the report: the seeded initial model and the final global model."""
-    return [initial_row(job), final_row(job, plan, transport, t_s=t_s, tokens=tokens, keep=keep)]
