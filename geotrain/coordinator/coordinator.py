@@ -6,6 +6,10 @@ step. A restarted coordinator (same identity) reattaches: it reads the newest
 plan version it published and carries on from there, never publishing the same
 version twice.
 
+The watch's rules (death, stall, join, link, restart step, stop, end) are the pure
+:func:`geotrain.coordinator.decide.decide`; :meth:`Coordinator.run` reads the
+swarm and carries out what it returns.
+
 Replanning: a peer of the current plan whose record has expired is dead. The
 coordinator waits ``replan_grace_s`` (a short blip is not a death), then plans
 again on the live peers; the new version restarts every pipeline at the last
@@ -27,6 +31,21 @@ from pathlib import Path
 from typing import Any
 
 from geotrain.config import JobSpec
+from geotrain.coordinator.decide import (
+    Action,
+    Death,
+    EndWatch,
+    LinkDegraded,
+    Memory,
+    Missing,
+    Policy,
+    Replan,
+    RequestStop,
+    Stall,
+    StateLost,
+    View,
+    decide,
+)
 from geotrain.coordinator.planning import egress_price, make_plan, with_passive
 from geotrain.coordinator.report import write_report
 from geotrain.errors import GeotrainError, InfeasiblePlanError, SwarmError
@@ -86,8 +105,10 @@ class Coordinator:
         swarm: Swarm,
         transport: Transport | None = None,
         emit: Emit | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
+        self._clock = clock  # the watch's timers (grace periods, the finish deadline); wall time only for reports
         self.job = job
         self.swarm = swarm
         self.transport = transport
@@ -102,12 +123,16 @@ class Coordinator:
         self._manifest_wire: dict[str, Any] | None = None  # the newest manifest's dict, published with the plan
         self._told: set[str] = set()  # peers this coordinator sent news of its job
         # links as the job's own traffic measured them, (src, dst) -> (bytes/s, when): they replace the probes'
-        # figures in every later plan; the current plan's assumed figure per hop direction; hops below it since
+        # figures in every later plan; the current plan's assumed figure per hop direction (decide's input)
         self._passive: dict[tuple[str, str], tuple[float, float]] = {}
         self._assumed: dict[tuple[str, str], float] = {}
-        self._degraded_since: dict[tuple[str, str], float] = {}
         if transport is not None:
             serve_news(transport, PROGRESS_NEWS, self._progress_news)
+        sw = job.swarm
+        self._policy = Policy(replan_grace_s=config.replan_grace_s, stall_replan_s=config.stall_replan_s,
+                              join_grace_s=config.join_grace_s, finish_timeout_s=config.finish_timeout_s,
+                              link_degraded_ratio=sw.link_degraded_ratio, link_replan_s=sw.link_replan_s,
+                              every=job.sync.every)
 
     def stop(self) -> None:
         self._stop.set()
@@ -297,7 +322,6 @@ class Coordinator:
         )
         self.plan = plan
         self._assumed = _fair_shares(plan, planner_json.get("hop_bandwidth_bps", []))
-        self._degraded_since.clear()
         self._announce(plan)
         self._move_pointer()
         self._run.plans.append(
@@ -384,28 +408,26 @@ class Coordinator:
 
     # -- the watch loop ---------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
+        """Publish, plan, then watch: each tick reads the swarm and carries out what :func:`decide` says."""
         self._event("start", job_id=self.config.job_id)
         self.publish_job()
         if self.reattach() is None:
             resume = self._resume_step()
             self._first_plan(resume)
         assert self.plan is not None
-        last_job_publish = time.monotonic()
-        missing_since: dict[str, float] = {}
-        stalled_since: dict[str, float] = {}
-        joiner_since: float | None = None
+        last_job_publish = self._clock()
+        memory = Memory()
         last_tick = time.time()
-        finish_deadline: float | None = None
         while self._progress_news.wait():
             now = time.time()
             dt, last_tick = now - last_tick, now
-            if time.monotonic() - last_job_publish > self.swarm.config.record_ttl_s / 3:
+            if self._clock() - last_job_publish > self.swarm.config.record_ttl_s / 3:
                 try:
                     self.publish_job()
                     plan_rec = PlanRecord(job_id=self.config.job_id, version=self.plan.version,
                                           plan=self._plan_wire(self.plan), published_at=time.time())
                     self.swarm.publish_plan(plan_rec)
-                    last_job_publish = time.monotonic()
+                    last_job_publish = self._clock()
                 except GeotrainError as e:  # tried again next poll; a stopping job still writes its report
                     logger.info("DHT write failed: %s", e)
             try:
@@ -421,111 +443,76 @@ class Coordinator:
             self._account(peers, progress, dt)
             self._record_manifests(progress)
             self._maybe_evaluate(progress)
-            plan_peers = set(self.plan.peers)
-            # deaths
-            for pid in plan_peers:
-                if pid not in peers:
-                    if pid not in missing_since:
-                        logger.info("plan peer %s missing from the view (progress record: %s, peer record: %s)",
-                                    pid, pid in progress, pid in everyone)
-                    missing_since.setdefault(pid, time.monotonic())
-                else:
-                    missing_since.pop(pid, None)
-            dead = [p for p, t in missing_since.items() if time.monotonic() - t > self.config.replan_grace_s]
-            # stalls: alive, but a hop or round failed them and nothing rebuilt their stage (peers only
-            # rebuild on a new plan version): without a plan they would wait out their stall timeout and leave
-            stalled_now = self._stalled(progress)
-            for pid in plan_peers:
-                if pid in stalled_now:
-                    stalled_since.setdefault(pid, time.monotonic())
-                else:
-                    stalled_since.pop(pid, None)
-            stuck = [p for p, t in stalled_since.items() if time.monotonic() - t > self.config.stall_replan_s]
-            degraded = self._degraded_links(progress)
-            # joiners: folded in once their links to the others are measured (else they cannot be placed)
-            # (spares were placed, or left out, with their links already: only a true joiner needs the rows)
-            rows = self.swarm.get_links() if any(
-                p not in plan_peers and p not in self.plan.spares for p in peers) else {}
-            regions = {pid: rec.region for pid, rec in peers.items()}
-            started = {pid: rec.started_at for pid, rec in peers.items()}
-            dial_out = {pid for pid, rec in peers.items() if rec.dial_back}
-            joiners = [
-                p for p in peers
-                if p not in plan_peers and p not in self.plan.spares and p in rows
-                and set(probe_targets(p, regions, started=started, dial_out=dial_out)) <= set(rows[p].links)
-            ]
-            for p in joiners:
-                if p not in self._run.seen_peers:
-                    self._run.seen_peers[p] = peers[p]
-                    self._event("join", peer_id=p, region=peers[p].region, device=peers[p].device)
-            joiner_since = (joiner_since or time.monotonic()) if joiners else None
-            done = self._done(progress)
-            if done:
-                break
-            lost = self._lost_blocks(progress)
-            if lost is not None:
-                blocks, rnd = lost
-                self._event("error", kind_of="state_lost", blocks=blocks, round=rnd,
-                            message=f"blocks {blocks} have no reachable holder at round {rnd} (no live peer, no "
-                                    "peer's state directory): the job stops; restart the peers that hold them "
-                                    "and resume, or set checkpoint.allow_seed_restart = true")
-                break
-            joined = joiner_since is not None and time.monotonic() - joiner_since > self.config.join_grace_s
-            if dead or joined or stuck or degraded:
-                for p in dead:
-                    self._event("death", peer_id=p)
-                    missing_since.pop(p, None)
-                if stuck and not dead and not joined:
-                    self._event("stall", peers=sorted(stuck))
-                for d in degraded:
-                    self._event("link", **d)
-                stalled_since.clear()
-                self._degraded_since.clear()
-                peers = self._with_spares(peers)
-                start = self._restart_step(progress, peers)
-                try:
-                    self.publish_plan(peers, start_step=start, reason="death" if dead else "join" if joined
-                                      else "stall" if stuck else "link")
-                except InfeasiblePlanError as e:
-                    self._event("error", message=f"cannot replan: {e}")
-                joiner_since = None
-            if self._stop_reached(progress) and finish_deadline is None:
-                finish_deadline = time.monotonic() + self.config.finish_timeout_s
-                self._request_stop(progress)
-            if finish_deadline is not None and time.monotonic() > finish_deadline:
-                self._event("error", message="peers did not report done before the finish timeout")
+            self._keep_passive(progress)
+            view = View(plan=self.plan, progress=progress, live=frozenset(peers), joiners=self._joiners(peers),
+                        assumed=self._assumed, limit_reached=self._stop_reached())
+            memory, actions = decide(memory, view, self._clock(), self._policy)
+            if self._carry_out(actions, peers, progress, everyone):
                 break
         return self.finish()
 
-    def _degraded_links(self, progress: dict[str, ProgressRecord]) -> list[dict[str, Any]]:
-        """The current plan's hop directions whose real traffic has measured their link below
-        ``swarm.link_degraded_ratio`` of the plan's figure for ``swarm.link_replan_s``.
+    def _carry_out(self, actions: list[Action], peers: dict[str, PeerRecord], progress: dict[str, ProgressRecord],
+                   everyone: dict[str, PeerRecord]) -> bool:
+        """Carry out one tick's actions in order; True when the watch ends."""
+        assert self.plan is not None
+        for a in actions:
+            if isinstance(a, Missing):
+                logger.info("plan peer %s missing from the view (progress record: %s, peer record: %s)",
+                            a.peer, a.peer in progress, a.peer in everyone)
+            elif isinstance(a, Death):
+                self._event("death", peer_id=a.peer)
+            elif isinstance(a, Stall):
+                self._event("stall", peers=list(a.peers))
+            elif isinstance(a, LinkDegraded):
+                self._event("link", **dataclasses.asdict(a))
+            elif isinstance(a, Replan):
+                try:
+                    self.publish_plan(self._with_spares(peers), start_step=a.start_step, reason=a.reason)
+                except InfeasiblePlanError as e:
+                    self._event("error", message=f"cannot replan: {e}")
+            elif isinstance(a, StateLost):
+                blocks = list(a.blocks)
+                self._event("error", kind_of="state_lost", blocks=blocks, round=a.round,
+                            message=f"blocks {blocks} have no reachable holder at round {a.round} (no live peer, "
+                                    "no peer's state directory): the job stops; restart the peers that hold them "
+                                    "and resume, or set checkpoint.allow_seed_restart = true")
+            elif isinstance(a, RequestStop):
+                self._request_stop(a.stop_step)
+            elif isinstance(a, EndWatch):
+                if a.reason == "finish_timeout":
+                    self._event("error", message="peers did not report done before the finish timeout")
+                return True
+        return False
 
-        Each receiving peer reports the links into it that held its messages (``ProgressRecord.links_in``): those
-        figures are kept (they price the link in every later plan). A report that says the link keeps up, or
-        none from a peer whose record was read, ends a degradation; a record missed by one read does not.
+    def _joiners(self, peers: dict[str, PeerRecord]) -> frozenset[str]:
+        """Live peers outside the plan and its spares whose probe targets are measured (they can be placed).
+
+        Spares were placed, or left out, with their links already: only a true joiner needs the link rows.
+        A joiner is announced (a ``join`` event) the first time it is seen.
         """
+        assert self.plan is not None
+        plan_peers = set(self.plan.peers)
+        outside = [p for p in peers if p not in plan_peers and p not in self.plan.spares]
+        if not outside:
+            return frozenset()
+        rows = self.swarm.get_links()
+        regions = {pid: rec.region for pid, rec in peers.items()}
+        started = {pid: rec.started_at for pid, rec in peers.items()}
+        dial_out = {pid for pid, rec in peers.items() if rec.dial_back}
+        joiners = frozenset(p for p in outside if p in rows and set(
+            probe_targets(p, regions, started=started, dial_out=dial_out)) <= set(rows[p].links))
+        for p in sorted(joiners):
+            if p not in self._run.seen_peers:
+                self._run.seen_peers[p] = peers[p]
+                self._event("join", peer_id=p, region=peers[p].region, device=peers[p].device)
+        return joiners
+
+    def _keep_passive(self, progress: dict[str, ProgressRecord]) -> None:
+        """Keep every link figure the job's own traffic measured (``ProgressRecord.links_in``): it prices the
+        link in every later plan."""
         for dst, record in progress.items():
             for src, report in record.links_in.items():
                 self._passive[(src, dst)] = (report.bandwidth_bps, record.updated_at)
-        ratio, hold = self.job.swarm.link_degraded_ratio, self.job.swarm.link_replan_s
-        if ratio <= 0 or self.plan is None:
-            return []
-        now = time.monotonic()
-        out = []
-        for (src, dst), assumed in self._assumed.items():
-            pr = progress.get(dst)
-            if pr is None:
-                continue
-            rep = pr.links_in.get(src)
-            if rep is None or rep.bandwidth_bps >= ratio * assumed:
-                self._degraded_since.pop((src, dst), None)
-                continue
-            since = self._degraded_since.setdefault((src, dst), now)
-            if now - since >= hold:
-                out.append({"src": src, "dst": dst, "measured_bps": round(rep.bandwidth_bps, 1),
-                            "assumed_bps": round(assumed, 1), "queued": rep.queued, "messages": rep.messages})
-        return out
 
     def _account(self, peers: dict[str, PeerRecord], progress: dict[str, ProgressRecord], dt: float) -> None:
         assert self.plan is not None
@@ -649,50 +636,8 @@ class Coordinator:
                                      "tokens": tokens, "loss": loss, "source": "global"})
         self._emit({"event": "validation", "step": state.step, "round": state.round, "loss": loss})
 
-    def _restart_step(self, progress: dict[str, ProgressRecord], peers: dict[str, PeerRecord]) -> int:
-        """A round boundary no live peer of the plan has passed: the next plan starts there.
-
-        Every peer restarts from its group's committed global parameters, so
-        the step only fixes the data position and the round schedule; any
-        multiple of ``sync.every`` keeps every group's rounds aligned.
-        """
-        assert self.plan is not None
-        steps = [p.step for pid, p in progress.items()
-                 if pid in peers and pid in set(self.plan.peers) and p.plan_version == self.plan.version]
-        every = self.job.sync.every
-        return max(self.plan.start_step, (min(steps) // every) * every if steps else self.plan.start_step)
-
-    def _lost_blocks(self, progress: dict[str, ProgressRecord]) -> tuple[list[int], int] | None:
-        """Blocks a peer of the current plan found no reachable holder for (and the round), or None."""
-        assert self.plan is not None
-        blocks: set[int] = set()
-        rounds = []
-        for pid in self.plan.peers:
-            pr = progress.get(pid)
-            if pr is None or pr.plan_version != self.plan.version or "lost_round" not in pr.stats:
-                continue
-            rounds.append(int(pr.stats["lost_round"]))
-            for k in pr.stats:  # "lost:<start>-<end>"
-                a, _, z = k[5:].partition("-")
-                if k.startswith("lost:") and a.isdigit() and z.isdigit():
-                    blocks |= set(range(int(a), int(z)))
-        return (sorted(blocks), min(rounds)) if rounds else None
-
-    def _stalled(self, progress: dict[str, ProgressRecord]) -> set[str]:
-        """The current plan's peers whose progress under this plan version says :attr:`PeerStatus.STALLED`."""
-        assert self.plan is not None
-        return {pid for pid in self.plan.peers if (pr := progress.get(pid)) is not None
-                and pr.plan_version == self.plan.version and pr.status == PeerStatus.STALLED}
-
-    def _done(self, progress: dict[str, ProgressRecord]) -> bool:
-        assert self.plan is not None
-        stop = self.plan.stop_step
-        if stop is None:
-            return False
-        ps = [progress.get(pid) for pid in self.plan.peers]
-        return all(p is not None and p.plan_version == self.plan.version and p.status == PeerStatus.DONE for p in ps)
-
-    def _stop_reached(self, progress: dict[str, ProgressRecord]) -> bool:
+    def _stop_reached(self) -> bool:
+        """A token, wall-time or budget limit of the job is reached (each only when the job sets it)."""
         s = self.job.stop
         tokens = self._run.throughput[-1]["tokens"] if self._run.throughput else 0
         if s.tokens is not None and tokens >= s.tokens:
@@ -701,21 +646,21 @@ class Coordinator:
             return True
         return s.usd is not None and self._usd()["total"] >= s.usd
 
-    def _request_stop(self, progress: dict[str, ProgressRecord]) -> None:
-        """Stop early (tokens / wall time / budget): the same plan version, a stop step just ahead.
+    def _request_stop(self, stop_at: int) -> None:
+        """Stop early (tokens / wall time / budget): the same plan version, its stop step at ``stop_at``.
 
         The plan's structure does not change, so peers only move their stop;
-        nothing is rebuilt and no step is trained twice.
+        nothing is rebuilt and no step is trained twice. A failed write leaves the plan as it was: the next
+        tick asks again.
         """
         assert self.plan is not None
-        furthest = max((p.step for p in progress.values()), default=self.plan.start_step)
-        stop_at = max(furthest + 2, self.plan.start_step)
-        if self.plan.stop_step is not None and self.plan.stop_step <= stop_at:
-            return
         new = dataclasses.replace(self.plan, stop_step=stop_at)
-        self.swarm.publish_plan(
-            PlanRecord(job_id=self.config.job_id, version=new.version, plan=self._plan_wire(new), published_at=time.time())
-        )
+        try:
+            self.swarm.publish_plan(PlanRecord(job_id=self.config.job_id, version=new.version,
+                                               plan=self._plan_wire(new), published_at=time.time()))
+        except GeotrainError as e:
+            logger.info("stop at step %d not published: %s", stop_at, e)
+            return
         self.plan = new
         self._announce(new)
         self._move_pointer()

@@ -17,6 +17,7 @@ from rich.console import Console
 
 from geotrain.config import job_from_dict
 from geotrain.coordinator.coordinator import Coordinator, CoordinatorConfig
+from geotrain.coordinator.decide import done, stalled
 from geotrain.coordinator.live import LiveView
 from geotrain.coordinator.metrics import status_name
 from geotrain.peers.identity import Identity
@@ -84,15 +85,17 @@ def test_an_unknown_status_is_refused() -> None:
 
 
 def test_stall_and_done_detection_read_the_typed_field(tmp_path: Path) -> None:
-    c = coordinator(tmp_path)
+    plan = coordinator(tmp_path).plan
+    assert plan is not None
     # a figure that happens to be called "status" in stats is not the peer's status
     seen = {"A": progress("A", status=PeerStatus.STALLED), "B": progress("B", stats={"status": 1.0},
                                                                           status=PeerStatus.TRAINING)}
-    assert c._stalled(seen) == {"A"}
-    assert c._stalled({"A": progress("A", status=PeerStatus.STALLED, plan_version=0)}) == set()  # an older plan
-    assert not c._done({"A": progress("A", status=PeerStatus.DONE), "B": progress("B", status=PeerStatus.TRAINING)})
-    assert c._done({p: progress(p, status=PeerStatus.DONE) for p in "AB"})
-    assert not c._done({p: progress(p, status=PeerStatus.DONE, stats={"status": 2.0}, plan_version=0) for p in "AB"})
+    assert stalled(plan, seen) == {"A"}
+    assert stalled(plan, {"A": progress("A", status=PeerStatus.STALLED, plan_version=0)}) == set()  # an older plan
+    assert not done(plan, {"A": progress("A", status=PeerStatus.DONE), "B": progress("B", status=PeerStatus.TRAINING)})
+    assert done(plan, {p: progress(p, status=PeerStatus.DONE) for p in "AB"})
+    assert not done(plan, {p: progress(p, status=PeerStatus.DONE, stats={"status": 2.0}, plan_version=0)
+                           for p in "AB"})
 
 
 def test_progress_event_live_view_and_metrics_show_the_typed_status(tmp_path: Path) -> None:
