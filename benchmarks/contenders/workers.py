@@ -96,6 +96,13 @@ def run_workers(
                 kind_e = e.get("event")
                 if kind_e == "done":
                     dones[rank] = e
+                    if rank == 0:
+                        # rank 0's snapshots are the global model and it has stopped (cap, target or timeout): a
+                        # straggler training on alone adds nothing to the curve, only to the run's wall time (a
+                        # hivemind.Optimizer peer that missed the last epoch's group went on for ~80 s solo)
+                        for q, other in enumerate(ranks):
+                            if q not in dones:
+                                _send(other, "stop")
                 elif rank == 0 and kind_e == "budget" and not budget_seen:
                     budget_seen, at_budget = True, network.counters()
                     last = [x for x in r0.seen if x.get("event") == "snapshot"][-1:]
