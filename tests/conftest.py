@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -41,40 +40,6 @@ def net() -> Iterator[Callable[..., Transport]]:
     finally:
         for t in made:
             t.close()
-
-
-HEAVY_DIRS = ("emulate", "benchmarks")  # namespaces, kernel byte counters and whole benchmark runs
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under ``./dev test`` (pytest-xdist, ``--dist loadgroup``): every test that starts processes, namespaces or
-    a benchmark joins one group, which one worker runs in collection order, as a serial run would; the
-    in-process tests are spread over the other workers beside it.
-
-    Why not spread everything: those tests load both cores by themselves (a bootstrap, peers and a
-    coordinator), and two of them at once would double the load their deadlines were set for.
-    """
-    for item in items:
-        folder = item.path.parent.name
-        if item.get_closest_marker("multiprocess") or item.get_closest_marker("netns") or folder in HEAVY_DIRS:
-            item.add_marker(pytest.mark.xdist_group("processes"))
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Under ``--dist loadgroup`` on a worker: the group must have reached the test ids, which is how pytest-xdist
-    sends a group to one worker. With pytest 9 it does not (the id lives where xdist's rename cannot reach it), and
-    the multi-process tests would silently run two at a time; stop at once instead, saying why."""
-    config = session.config
-    if not (hasattr(config, "workerinput") and getattr(config.option, "loadgroup", False)):
-        return
-    grouped = [i for i in session.items if i.get_closest_marker("xdist_group")]
-    if grouped and not any(i.nodeid.endswith("@processes") for i in grouped):
-        message = (f"pytest {pytest.__version__} with this pytest-xdist ignores --dist loadgroup (test ids keep no "
-                   "'@group' suffix): install the dev extras' pytest (pip install -e '.[dev]') or run with -n 0")
-        sys.stderr.write(f"\n{message}\n")  # a worker's error reaches the terminal only as an internal error
-        raise pytest.UsageError(message)
 
 
 @pytest.hookimpl(hookwrapper=True)
