@@ -73,8 +73,9 @@ class AgentConfig:
     records are read when news says they changed, else every ``watch_every_s`` while following a job,
     ``watch_idle_s`` before one is known and ``poll_s`` while stalled; the peer list (probe targets,
     the allow-list; O(N) bytes) from one replica every ``view_every_s`` or N x ``view_per_peer_s``,
-    whichever is longer, and at once when a new plan arrives or a closed swarm's data plane refused
-    an unknown key. A peer that follows a job publishes its progress at once when its status, plan or
+    whichever is longer (``view_in_plan_s`` at least while a plan holds this peer: it probes nobody then,
+    and its plan names its partners), and at once when a new plan arrives or a closed swarm's data plane
+    refused an unknown key. A peer that follows a job publishes its progress at once when its status, plan or
     lost blocks change, on a new round or checkpoint no sooner than half a liveness period after its last
     write, and else every liveness period (the job's
     ``swarm.heartbeat_s``, or ``--heartbeat`` or ``progress_every_s`` when shorter), expiring after 3
@@ -93,6 +94,7 @@ class AgentConfig:
     watch_idle_s: float = 30.0
     view_every_s: float = 30.0
     view_per_peer_s: float = 4.0
+    view_in_plan_s: float = 90.0
     progress_every_s: float = 10.0
     stall_wait_s: float = 120.0
     job_id: str | None = None
@@ -107,7 +109,7 @@ class AgentConfig:
         if self.usd_per_hour < 0:
             raise ConfigError(f"--price must be >= 0 USD/hour; got {self.usd_per_hour}")
         for name in ("poll_s", "probe_every_s", "watch_every_s", "watch_idle_s", "view_every_s", "view_per_peer_s",
-                     "progress_every_s"):
+                     "view_in_plan_s", "progress_every_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0; got {getattr(self, name)}")
 
@@ -285,6 +287,14 @@ class PeerAgent:
             young = time.time() - self._started < self.config.view_every_s
             period = self.config.poll_s * 2 if retry or young else min(
                 self.config.probe_every_s, max(self.config.view_every_s, self.config.view_per_peer_s * self._seen))
+            # ... and in a plan at least every view_in_plan_s: a placed peer or a spare probes nobody, its plan
+            # names its partners and their keys, and a joiner it must admit wakes this at once (a refused key);
+            # what is left is the allow-list's renewal (a key stays admitted for a record lifetime, 120 s: one
+            # quick read that misses a member does not drop it while this period is shorter) and forgetting links
+            with self._lock:
+                in_plan = self._plan is not None
+            if in_plan and not (retry or young):
+                period = max(period, self.config.view_in_plan_s)
             self._wait_view(period)
 
     def _wait_view(self, period: float) -> None:

@@ -15,9 +15,10 @@ One operation costs, in bytes sent by every node together (IP and TCP headers in
 
 Per peer, idle (joined, no job): a heartbeat every ``heartbeat_s``, a quick read of the peer list every
 ``max(view_s, view_per_peer_s x N)``, a read of the job records every ``watch_s`` and its link row
-republished every ``record_ttl_s / 2``. In a job it adds a progress write every ``liveness_s`` and at
-each round (the progress record is the job's liveness signal); the plan (O(N) bytes) is read only when the job record's version
-pointer moves, i.e. once per replan, which this steady-state figure leaves out. The coordinator reads the
+republished every ``record_ttl_s / 2``. In a job it reads the peer list every ``view_in_plan_s`` at
+least, and adds a progress write every ``liveness_s`` and at each round (the progress record is the job's
+liveness signal); the peer and progress records are kept by ``liveness_replicas`` of the key's nearest
+nodes, the others by 5. The plan (O(N) bytes) is read only when the job record's version pointer moves, i.e. once per replan, which this steady-state figure leaves out. The coordinator reads the
 progress and peer dictionaries (quick) every ``coordinator_watch_s`` and writes the plan each round (its
 manifest): its reads per minute are constant, their bytes O(N) (it does not yet read aggregated progress).
 """
@@ -39,6 +40,7 @@ class Cadence:
     watch_s: float = 30.0  # AgentConfig.watch_every_s (news wakes it sooner)
     view_s: float = 30.0  # AgentConfig.view_every_s
     view_per_peer_s: float = 4.0  # AgentConfig.view_per_peer_s
+    view_in_plan_s: float = 90.0  # AgentConfig.view_in_plan_s: the peer list's floor while in a plan
     record_ttl_s: float = 120.0  # SwarmConfig.record_ttl_s
     coordinator_watch_s: float = 5.0  # CoordinatorConfig.watch_every_s
 
@@ -50,6 +52,7 @@ class DHTCosts:
     rpc: float = 1100.0
     lookup: float = 1.0
     replicas: int = 5
+    liveness_replicas: int = 3  # SwarmConfig.liveness_replicas
     beam: int = 5
     peer_record: float = 1300.0
     progress_record: float = 1300.0
@@ -57,8 +60,8 @@ class DHTCosts:
     job_record: float = 2500.0
     plan_record_per_peer: float = 250.0
 
-    def store(self, v: float) -> float:
-        return self.replicas * (self.rpc + v)
+    def store(self, v: float, replicas: int | None = None) -> float:
+        return (self.replicas if replicas is None else replicas) * (self.rpc + v)
 
     def relookup_per_s(self, records: float, size: float, peers: int) -> float:
         """A written key's replica lookup, amortised over its refresh period (bytes per second)."""
@@ -83,17 +86,18 @@ def control_plane_cost(
     c, d = cadence or Cadence(), costs or DHTCosts()
     n = max(1, peers)
     targets = min(n - 1, 3 + 2 * max(0, regions - 1))
-    view = d.read(n, d.peer_record) / max(c.view_s, c.view_per_peer_s * n)
+    view_period = max(c.view_s, c.view_per_peer_s * n)
+    view = d.read(n, d.peer_record) / (max(view_period, c.view_in_plan_s) if training else view_period)
     row = d.link_row + 60.0 * targets
     links = d.store(row) / (c.record_ttl_s / 2) + d.relookup_per_s(n, row, n)
     jobs = d.read(1, d.job_record) / c.watch_s
     relookups = d.relookup_per_s(n, d.peer_record, n)
-    peer = d.store(d.peer_record) / c.heartbeat_s + relookups + view + links + jobs
+    peer = d.store(d.peer_record, d.liveness_replicas) / c.heartbeat_s + relookups + view + links + jobs
     if not training:
         coordinator, reads = 0.0, 0.0
     else:
         per_round = 0.0 if not round_s else 1.0 / round_s
-        peer += d.store(d.progress_record) * (1.0 / c.liveness_s + per_round)
+        peer += d.store(d.progress_record, d.liveness_replicas) * (1.0 / c.liveness_s + per_round)
         peer += d.relookup_per_s(n, d.progress_record, n)
         reads = 2 * 60.0 / c.coordinator_watch_s
         coordinator = (2 * d.read(n, d.progress_record) / c.coordinator_watch_s

@@ -77,9 +77,9 @@ def terminate_p2pd(pid: int) -> bool:
     return True
 
 
-#: (Inside the DHT process.) key id -> (when found, the key's nearest other nodes, whether this node is one of
-#: its replicas), for direct writes.
-_REPLICAS: dict[Any, tuple[float, list[Any], bool]] = {}
+#: (Inside the DHT process.) key id -> (when found, the key's num_replicas nearest nodes, nearest first: a
+#: peer, or None for this node), for direct writes.
+_REPLICAS: dict[Any, tuple[float, list[Any]]] = {}
 #: (Inside the DHT process.) Writes to replicas still under way after their store returned (kept referenced).
 _STRAGGLERS: set[Any] = set()
 
@@ -93,15 +93,21 @@ def _stored(task: Any) -> bool:
 
 
 async def store_direct(
-    _dht: DHT, node: Any, *, key: Any, subkey: Any, value: Any, expiration: float, refresh_s: float, beam: int
+    _dht: DHT, node: Any, *, key: Any, subkey: Any, value: Any, expiration: float, refresh_s: float, beam: int,
+    replicas: int | None = None,
 ) -> bool:
     """(Runs inside the DHT process, via ``DHT.run_coroutine``.) Store one signed subkey record, quietly.
 
     hivemind's ``store`` first looks the key's nearest nodes up, and every node a lookup asks answers with
     the key's whole value: for a dictionary of N records (the peers, their progress) each write then
     moves O(N) bytes from several nodes. This writes straight to the replicas a lookup found earlier (one
-    lookup per ``refresh_s``, or when fewer than 3 of them, or fewer than all when there are under 3, took
-    the record), so a heartbeat costs its own record times the replicas, whatever N is.
+    lookup per ``refresh_s``, or when fewer than a majority of them took the record), so a heartbeat costs its
+    own record times the replicas, whatever N is.
+
+    ``replicas``: how many of the key's nearest nodes take the record (default and most: hivemind's
+    ``num_replicas``, 5), this node included when it is one of them. The write is done once a majority of
+    them (3 of 5, 2 of 3; this node's own copy counts, but one other copy at least) took it; the rest finish
+    in the background.
     """
     import asyncio
     import dataclasses
@@ -114,18 +120,22 @@ async def store_direct(
     now = time.monotonic()
     protocol = node.protocol
     known = _REPLICAS.get(key_id)
-    if known is None or now - known[0] > refresh_s or not (known[1] or known[2]):
+    if known is None or now - known[0] > refresh_s or not known[1]:
         found = await node.find_nearest_nodes([key_id], k_nearest=node.num_replicas, beam_size=beam,
                                               exclude_self=True)
         nearest = dict(found.get(key_id, {}))
         # a full node (not client mode) among the key's nearest is one of its replicas, as in hivemind's
         # own store: it keeps the record too (else readers that ask it get the others' records without its own)
         candidates = sorted([*nearest, *([] if protocol.client_mode else [node.node_id])], key=key_id.xor_distance)
-        chosen = candidates[: node.num_replicas]
-        known = (now, [nearest[n] for n in chosen if n in nearest], node.node_id in chosen)
+        # nearest first; None stands for this node
+        known = (now, [nearest.get(n) for n in candidates[: node.num_replicas]])
         _REPLICAS[key_id] = known
-    _, replicas, here = known
-    if not replicas and not here:  # alone in the swarm: keep it here, as hivemind's own store would
+    # a record with fewer replicas goes to the nearest ones: those a quick read asks first
+    want = node.num_replicas if replicas is None else max(1, min(replicas, node.num_replicas))
+    chosen = known[1][:want]
+    here = None in chosen
+    targets = [p for p in chosen if p is not None]
+    if not targets and not here:  # alone in the swarm: keep it here, as hivemind's own store would
         return bool(await node.store(key, value, expiration, subkey=subkey))
     record = DHTRecord(key_id.to_bytes(), protocol.serializer.dumps(subkey), protocol.serializer.dumps(value),
                        expiration)
@@ -134,13 +144,14 @@ async def store_direct(
     stored_here = 0
     if here and (protocol.record_validator is None or protocol.record_validator.validate(record)):
         stored_here = int(bool(protocol.storage.store(key_id, record.value, expiration, subkey=subkey)))
-    # done once min(3, replicas) took it: a replica behind a congested link (the very link a pipeline is
+    # done once a majority of the replicas took it, this node's own copy counted, and one other at least (a copy
+    # here alone dies with this node): a replica behind a congested link (the very link a pipeline is
     # saturating) finishes in the background, bounded by hivemind's RPC timeout, instead of holding up the
     # heartbeat until the record it renews has expired
-    need = min(3, len(replicas))
+    need = min(len(targets), max(1, want // 2 + 1 - stored_here))
     pending = {asyncio.ensure_future(protocol.call_store(peer, keys=[key_id], values=[record.value],
                                                           expiration_time=[expiration], subkeys=[subkey]))
-               for peer in replicas}
+               for peer in targets}
     ok = 0
     while pending and ok < need:
         done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)

@@ -69,6 +69,13 @@ class SwarmConfig:
     hivemind's 5 nearest nodes, and a thorough read merges the dictionaries it gets. A quick
     read (``thorough=False``) takes the first replica's copy: one O(N) answer instead of
     ``read_beam``, for readers that tolerate missing a record now and then.
+    ``liveness_replicas``: how many of its key's nearest nodes keep a record whose absence means "gone", the
+    peer record and the progress record (the others: 5, hivemind's ``num_replicas``). Both are rewritten
+    every period and expire after 3 (:meth:`liveness_ttl_s`), and their 5 copies were about half of a training
+    peer's DHT bytes (each copy is one RPC, ~1.1 KB on the wire besides the record). 3 still outlive one replica's death
+    or a missed write: writers and quick readers go to the key's nearest nodes first, the coordinator reads
+    every one of ``read_beam`` before it takes a plan peer for gone, and a write is done once 2 of the 3 took
+    it, this node's own copy counted (a replica that failed makes the next write look them up again).
     """
 
     initial_peers: tuple[str, ...] = ()
@@ -88,6 +95,7 @@ class SwarmConfig:
     rpc_timeout_s: float = 3.0
     start_timeout_s: float = 60.0
     read_beam: int = 5
+    liveness_replicas: int = 3
 
     def __post_init__(self) -> None:
         if isinstance(self.initial_peers, (str, bytes)) or not all(
@@ -131,6 +139,12 @@ class SwarmConfig:
                 raise ConfigError(f"swarm.{name} must be > 0; got {getattr(self, name)}")
         if not 1 <= self.read_beam <= 64:
             raise ConfigError(f"swarm.read_beam must be in 1..64; got {self.read_beam}")
+        if not 1 <= self.liveness_replicas <= min(5, self.read_beam):
+            # hivemind's nodes keep 5 replicas at most; beyond read_beam a thorough read could miss every copy
+            raise ConfigError(
+                f"swarm.liveness_replicas must be in 1..min(5, read_beam={self.read_beam}); "
+                f"got {self.liveness_replicas}"
+            )
         if self.peer_ttl_s > self.max_ttl_s:
             raise ConfigError(
                 f"swarm.heartbeat_s x 3 + rpc_timeout_s must be <= max_ttl_s ({self.max_ttl_s}); got "
@@ -338,9 +352,10 @@ class Swarm:
 
     # -- publishing ------------------------------------------------------------------------------
     def publish_peer(self, record: PeerRecord) -> bool:
-        """Publish this peer's record with expiry :attr:`SwarmConfig.peer_ttl_s`. True if a replica took it."""
+        """Publish this peer's record with expiry :attr:`SwarmConfig.peer_ttl_s` on ``liveness_replicas`` nodes.
+        True if a replica took it."""
         self._check_own(record.peer_id, "peer_id")
-        return self._publish("peers", record, self.config.peer_ttl_s)
+        return self._publish("peers", record, self.config.peer_ttl_s, replicas=self.config.liveness_replicas)
 
     def publish_links(self, row: LinkRow) -> bool:
         """Publish this peer's row of the link matrix."""
@@ -363,7 +378,8 @@ class Swarm:
         everyone).
         """
         self._check_own(progress.peer_id, "peer_id")
-        return self._publish("progress", progress, min(ttl_s or self.config.record_ttl_s, self.config.max_ttl_s))
+        return self._publish("progress", progress, min(ttl_s or self.config.record_ttl_s, self.config.max_ttl_s),
+                             replicas=self.config.liveness_replicas)
 
     def start_heartbeat(self, make_record: Callable[[], PeerRecord]) -> Heartbeat:
         """Republish ``make_record()`` every ``heartbeat_s`` in a background thread (first one now)."""
@@ -455,7 +471,8 @@ class Swarm:
             except CancelledError as e:
                 raise DHTTimeoutError(f"DHT {what} was cancelled (is the DHT process still running?)") from e
 
-    def _publish(self, kind: str, record: _Record, ttl_s: float) -> bool:
+    def _publish(self, kind: str, record: _Record, ttl_s: float, *, replicas: int | None = None) -> bool:
+        """Sign and store ``record`` under ``kind``'s key on its ``replicas`` nearest nodes (None: all 5)."""
         from hivemind.utils import MSGPackSerializer, get_dht_time
 
         cfg = self.config
@@ -484,7 +501,8 @@ class Swarm:
         # node asked) every 5 minutes, or 10 s per peer in a large swarm, and whenever most did not answer.
         future = self._require().run_coroutine(
             partial(store_direct, key=dht_key(cfg.swarm, kind), subkey=self._owner_subkey, value=value,
-                    expiration=expiration, refresh_s=max(300.0, 10.0 * self._size), beam=max(cfg.read_beam, 5)),
+                    expiration=expiration, refresh_s=max(300.0, 10.0 * self._size), beam=max(cfg.read_beam, 5),
+                    replicas=replicas),
             return_future=True,
         )
         started = time.monotonic()

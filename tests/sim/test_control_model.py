@@ -6,7 +6,7 @@ from geotrain.cli import build_parser
 from geotrain.config import SwarmSection
 from geotrain.coordinator.coordinator import CoordinatorConfig
 from geotrain.peers.agent import AgentConfig
-from geotrain.sim.control import Cadence, control_plane_cost
+from geotrain.sim.control import Cadence, DHTCosts, control_plane_cost
 from geotrain.swarm.swarm import SwarmConfig
 
 
@@ -16,6 +16,8 @@ def test_the_models_cadence_is_the_one_peers_and_coordinators_run_with() -> None
     assert c.heartbeat_s == cli.heartbeat
     assert c.liveness_s == min(SwarmSection().heartbeat_s, a.progress_every_s)
     assert (c.watch_s, c.view_s, c.view_per_peer_s) == (a.watch_every_s, a.view_every_s, a.view_per_peer_s)
+    assert c.view_in_plan_s == a.view_in_plan_s
+    assert DHTCosts().liveness_replicas == SwarmConfig().liveness_replicas
     assert a.watch_idle_s == c.watch_s
     assert c.record_ttl_s == SwarmConfig().record_ttl_s
     assert c.coordinator_watch_s == CoordinatorConfig(job_id="j", report_dir=".").watch_every_s  # type: ignore[arg-type]

@@ -106,3 +106,52 @@ def test_the_coordinator_tells_each_new_peer_of_its_job_once(monkeypatch: Any) -
     coord._tell_job({"a": rec("tcp://127.0.0.1:1"), "d": rec("tcp://127.0.0.1:4")})
     # a peer behind NAT (dialback) cannot be dialled: it finds the job at its own poll
     assert sent == [["a", "b"], ["d"]]
+
+
+def test_a_peer_in_a_plan_reads_the_peer_list_at_its_slow_in_plan_period() -> None:
+    """The peer list is O(N) bytes per read; a peer in a plan probes nobody and its plan names its partners: it
+    reads the list every ``view_in_plan_s`` (a refused key or a new plan still wakes it at once)."""
+    agent, _, _ = _agent(view_every_s=30.0, view_per_peer_s=4.0, view_in_plan_s=90.0)
+    agent._started -= 1000.0  # past its first view_every_s
+    agent._seen = 8
+    periods: list[float] = []
+
+    def wait(period: float) -> None:
+        periods.append(period)
+        if len(periods) == 2:
+            agent._stop.set()
+        agent._plan = SimpleNamespace(job_id="job-1", version=1)  # type: ignore[assignment]  # placed from now on
+
+    agent._probe_once = lambda: False  # type: ignore[method-assign]
+    agent._wait_view = wait  # type: ignore[method-assign]
+    agent._probe_loop()
+    assert periods == [32.0, 90.0]  # N x 4 s before the plan; 90 s in it
+
+
+def test_the_liveness_records_go_to_fewer_replicas_than_the_others() -> None:
+    """The peer and progress records (rewritten every period, gone after 3) are kept by ``liveness_replicas``
+    nodes; a link row, job or plan by all 5."""
+    from geotrain.swarm.records import LinkRow, ProgressRecord
+    from geotrain.swarm.swarm import Swarm
+    from tests.swarm.test_records import peer_record
+
+    swarm = Swarm(SwarmConfig())
+    calls: list[tuple[str, int | None]] = []
+    swarm._publish = lambda kind, record, ttl_s, replicas=None: calls.append((kind, replicas)) or True  # type: ignore[method-assign]
+    swarm.publish_progress(ProgressRecord(peer_id=swarm.peer_id, job_id="j", plan_version=1, step=0, tokens=0,
+                                          round=0, bytes_sent=0, bytes_received=0, updated_at=0.0))
+    swarm.publish_peer(peer_record(swarm.peer_id))
+    swarm.publish_links(LinkRow(src=swarm.peer_id, links={}))
+    assert calls == [("progress", 3), ("peers", 3), ("links", None)] and SwarmConfig().liveness_replicas == 3
+
+
+def test_liveness_replicas_are_bounded_by_hiveminds_five_and_the_read_beam() -> None:
+    import pytest
+
+    from geotrain.errors import ConfigError
+
+    for bad in (0, 6):
+        with pytest.raises(ConfigError, match="liveness_replicas"):
+            SwarmConfig(liveness_replicas=bad)
+    with pytest.raises(ConfigError, match="liveness_replicas"):
+        SwarmConfig(read_beam=2, liveness_replicas=3)  # a thorough read could miss every copy

@@ -68,3 +68,65 @@ def test_a_write_returns_once_three_replicas_took_it_and_the_slow_one_finishes_a
     assert ok and calls == ["r0", "r1", "r2", "r3"]  # every replica was written to
     assert waiting == 1 and left == 0  # the write returned while r0 still worked on it, which then finished
     assert dht_process._REPLICAS  # three took it: the replicas need no new lookup
+
+
+def test_a_record_with_three_replicas_goes_to_the_keys_three_nearest_and_is_done_once_two_took_it() -> None:
+    """The progress record (the job's liveness signal, rewritten every few seconds) is kept by 3 replicas, not 5:
+    the nearest 3, which a quick read asks first; a majority of them (2) must take it before the write returns."""
+    peers = ["r0", "r1", "r2", "r3", "r4", "r5"]
+    key_id = DHTID.generate(source="k")
+    nearest = sorted(peers, key=lambda p: key_id.xor_distance(DHTID.generate(source=p)))
+
+    async def scenario() -> tuple[bool, list[str], int]:
+        release = asyncio.Event()
+        protocol = _Protocol(nearest[0], release)
+        node = _Node(protocol, peers)
+        dht_process._REPLICAS.clear()
+        ok = await asyncio.wait_for(dht_process.store_direct(
+            None, node, key="k", subkey=b"s", value=b"v", expiration=1e12, refresh_s=300.0, beam=5, replicas=3),
+            timeout=10)
+        waiting = len(dht_process._STRAGGLERS)
+        release.set()
+        for _ in range(100):
+            if not dht_process._STRAGGLERS:
+                break
+            await asyncio.sleep(0)
+        return ok, sorted(protocol.calls), waiting
+
+    ok, calls, waiting = asyncio.run(scenario())
+    assert ok and calls == sorted(nearest[:3])  # the 3 nearest only, not the 5
+    assert waiting == 1  # done with 2 of 3 while the slow one finished after
+
+
+def test_a_replica_count_counts_this_node_when_it_is_among_the_nearest() -> None:
+    """A full node among the key's 3 nearest keeps one of the 3 copies itself and writes 2 out; its own copy
+    counts towards the majority, so the write is done once one other replica took it."""
+
+    class _FullProtocol(_Protocol):
+        client_mode = False
+
+    key_id, me = DHTID.generate(source="k"), DHTID.generate(source="me")
+    ranked = sorted([f"r{i}" for i in range(40)], key=lambda p: key_id.xor_distance(DHTID.generate(source=p)))
+    nearer = [p for p in ranked if key_id.xor_distance(DHTID.generate(source=p)) < key_id.xor_distance(me)]
+    farther = [p for p in ranked if p not in nearer]
+    peers = nearer[:1] + farther[:5]  # this node is the nearest or the second nearest of 7
+    expected = sorted((nearer[:1] + farther)[:2])
+
+    async def scenario() -> tuple[bool, list[str], int]:
+        release = asyncio.Event()
+        protocol = _FullProtocol(expected[0], release)
+        node = _Node(protocol, peers)
+        dht_process._REPLICAS.clear()
+        ok = await asyncio.wait_for(dht_process.store_direct(
+            None, node, key="k", subkey=b"s", value=b"v", expiration=1e12, refresh_s=300.0, beam=5, replicas=3),
+            timeout=10)
+        waiting = len(dht_process._STRAGGLERS)
+        release.set()
+        for _ in range(100):
+            if not dht_process._STRAGGLERS:
+                break
+            await asyncio.sleep(0)
+        return ok, sorted(protocol.calls), waiting
+
+    ok, calls, waiting = asyncio.run(scenario())
+    assert ok and calls == expected and waiting == 1  # 2 out, 1 kept here; done with here + 1
