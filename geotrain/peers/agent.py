@@ -44,6 +44,7 @@ from geotrain.errors import (
     StateLostError,
     TransportError,
 )
+from geotrain.peers.lifecycle import Adopt, MoveStop, after_failure, next_work, plan_change
 from geotrain.peers.localise import localise_job
 from geotrain.peers.probe import ProbeConfig, measure_link, serve_probes
 from geotrain.plan import JobPlan
@@ -541,26 +542,26 @@ class PeerAgent:
                 return 3
             with self._lock:
                 current = self._latest
-            if current is not None:
-                job, _, plan = current
-                mine = self._plan
-                if mine is None or plan.job_id != mine.job_id or plan.version > mine.version:
-                    try:
-                        step = self._adopt(job, plan, step)
-                    except LocalRankError as e:
-                        self._leave(step, e)
-                        return 3
-                    stalled_since = None
-                elif plan.version == mine.version and plan.stop_step != mine.stop_step:
-                    # the coordinator moved the stop (tokens, time or budget reached): nothing to rebuild
-                    with self._lock:
-                        self._plan = dataclasses.replace(mine, stop_step=plan.stop_step)
-            if self._worker is None or self._plan is None:
+            change = plan_change(self._plan, current[2] if current is not None else None)
+            if isinstance(change, Adopt):
+                assert current is not None
+                try:
+                    step = self._adopt(current[0], change.plan, step)
+                except LocalRankError as e:
+                    self._leave(step, e)
+                    return 3
+                stalled_since = None
+            elif isinstance(change, MoveStop):
+                # the coordinator moved the stop (tokens, time or budget reached): nothing to rebuild
+                with self._lock:
+                    assert self._plan is not None
+                    self._plan = dataclasses.replace(self._plan, stop_step=change.stop_step)
+            work = next_work(self._plan, has_worker=self._worker is not None, step=step)
+            if work == "wait":
                 self._news.wait(self.config.poll_s)
                 self._news.clear()
                 continue
-            stop_step = self._plan.stop_step
-            if stop_step is not None and step >= stop_step:
+            if work == "finish":
                 self._finish(step)
                 continue
             try:
@@ -578,15 +579,16 @@ class PeerAgent:
             except GeotrainError as e:
                 # a neighbour died or timed out (or a round could not run): wait for the next plan; a retry of
                 # the same step resumes after its optimizer step (StageWorker.step), never applies it twice
-                if stalled_since is None:
-                    stalled_since = time.monotonic()
+                failure = after_failure(stalled_since, self._clock(), self.config.stall_wait_s)
+                stalled_since = failure.since
+                if failure.report:
                     self._emit({"event": "stalled", "peer_id": self.peer_id, "step": step, "error": str(e)})
                     logger.warning("step %d failed: %s; waiting for a new plan", step, e)
                     with self._lock:
                         self._status = PeerStatus.STALLED
                     self._publish_progress(step, self._metrics)
                     self._tell_coordinator()
-                if time.monotonic() - stalled_since > self.config.stall_wait_s:
+                if failure.give_up:
                     logger.error("no new plan within %.0fs of a failure; leaving the job", self.config.stall_wait_s)
                     self._retire()
                 # back off until the watcher brings news, then retry the step or adopt the new plan
