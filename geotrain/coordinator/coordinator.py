@@ -67,6 +67,7 @@ class CoordinatorConfig:
     report_dir: Path
     poll_s: float = 2.0  # DHT reads while waiting for peers and links
     watch_every_s: float = 5.0  # DHT reads while the job runs (peers' news of a stall or the end wakes it at once)
+    peers_every_s: float = 30.0  # the peer records while the job runs (at once when a new peer reports progress)
     replan_grace_s: float = 3.0
     stall_replan_s: float = 10.0  # a plan peer stalled (a neighbour failed it) this long gets a fresh plan
     join_grace_s: float = 5.0
@@ -126,6 +127,7 @@ class Coordinator:
         # figures in every later plan; the current plan's assumed figure per hop direction (decide's input)
         self._passive: dict[tuple[str, str], tuple[float, float]] = {}
         self._assumed: dict[tuple[str, str], float] = {}
+        self._peers_read: tuple[float, dict[str, PeerRecord]] | None = None  # (when, the peer records then)
         if transport is not None:
             serve_news(transport, PROGRESS_NEWS, self._progress_news)
         sw = job.swarm
@@ -156,17 +158,36 @@ class Coordinator:
 
         First from one replica each (a fifth of the bytes of reading every replica); only when that
         copy lacks a record of a plan peer (a death, or a replica that missed a write) from every
-        replica, so a peer is never taken for dead on one replica's word.
+        replica, so a peer is never taken for dead on one replica's word. The progress records are the
+        liveness signal and are read every tick; the peer records (endpoints, keys, compute: they change
+        when a peer joins) only when a progress record names a peer the last copy lacks, or every
+        ``peers_every_s``: half the coordinator's read bytes while nothing changes.
         """
         assert self.plan is not None
         plan_peers = set(self.plan.peers)
         for thorough in (False, True):
             progress = {pid: p for pid, p in self.swarm.get_progress(thorough=thorough).items()
                         if p.job_id == self.config.job_id}
-            everyone = self.swarm.get_peers(thorough=thorough)
+            cached = self._peers_read
+            if (thorough or cached is None or self._clock() - cached[0] > self.config.peers_every_s
+                    or not set(progress) <= set(cached[1])):
+                cached = self._peers_read = (self._clock(), self.swarm.get_peers(thorough=thorough))
+            everyone = cached[1]
             if plan_peers <= set(progress) and plan_peers <= set(everyone):
                 break
         return progress, everyone
+
+    def _fresh_peers(self, peers: dict[str, PeerRecord], progress: dict[str, ProgressRecord]) -> dict[str, PeerRecord]:
+        """``peers`` (this tick's live peers) with their records read anew, and any live peer the tick's copy
+        lacked: a replan plans on the newest endpoints. A record the quick read misses keeps its older copy."""
+        try:
+            self._peers_read = (self._clock(), self.swarm.get_peers())
+        except GeotrainError as e:
+            logger.info("DHT read failed: %s", e)
+            return peers
+        fresh = {pid: rec for pid, rec in self._peers_read[1].items()
+                 if pid in progress and progress[pid].status != PeerStatus.LEFT}
+        return {**peers, **fresh}
 
     def _with_spares(self, peers: dict[str, PeerRecord]) -> dict[str, PeerRecord]:
         """``peers`` plus the current plan's spares that a quick read missed, read again from every replica.
@@ -467,7 +488,8 @@ class Coordinator:
                 self._event("link", **dataclasses.asdict(a))
             elif isinstance(a, Replan):
                 try:
-                    self.publish_plan(self._with_spares(peers), start_step=a.start_step, reason=a.reason)
+                    live = self._with_spares(self._fresh_peers(peers, progress))
+                    self.publish_plan(live, start_step=a.start_step, reason=a.reason)
                 except InfeasiblePlanError as e:
                     self._event("error", message=f"cannot replan: {e}")
             elif isinstance(a, StateLost):

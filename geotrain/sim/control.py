@@ -19,7 +19,7 @@ republished every ``record_ttl_s / 2``. In a job it reads the peer list every ``
 least, and adds a progress write every ``liveness_s`` and at each round (the progress record is the job's
 liveness signal); the peer and progress records are kept by ``liveness_replicas`` of the key's nearest
 nodes, the others by 5. The plan (O(N) bytes) is read only when the job record's version pointer moves, i.e. once per replan, which this steady-state figure leaves out. The coordinator reads the
-progress and peer dictionaries (quick) every ``coordinator_watch_s`` and writes the plan each round (its
+progress dictionary (quick) every ``coordinator_watch_s`` and the peer dictionary every ``coordinator_peers_s`` and writes the plan each round (its
 manifest): its reads per minute are constant, their bytes O(N) (it does not yet read aggregated progress).
 """
 
@@ -43,6 +43,7 @@ class Cadence:
     view_in_plan_s: float = 90.0  # AgentConfig.view_in_plan_s: the peer list's floor while in a plan
     record_ttl_s: float = 120.0  # SwarmConfig.record_ttl_s
     coordinator_watch_s: float = 5.0  # CoordinatorConfig.watch_every_s
+    coordinator_peers_s: float = 30.0  # CoordinatorConfig.peers_every_s
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class DHTCosts:
     rpc: float = 1100.0
     lookup: float = 1.0
     replicas: int = 5
-    liveness_replicas: int = 3  # SwarmConfig.liveness_replicas
+    liveness_replicas: int = 5  # SwarmConfig.liveness_replicas
     beam: int = 5
     peer_record: float = 1300.0
     progress_record: float = 1300.0
@@ -99,8 +100,10 @@ def control_plane_cost(
         per_round = 0.0 if not round_s else 1.0 / round_s
         peer += d.store(d.progress_record, d.liveness_replicas) * (1.0 / c.liveness_s + per_round)
         peer += d.relookup_per_s(n, d.progress_record, n)
-        reads = 2 * 60.0 / c.coordinator_watch_s
-        coordinator = (2 * d.read(n, d.progress_record) / c.coordinator_watch_s
+        # the progress dictionary every watch, the peer dictionary every coordinator_peers_s (sooner only on joins)
+        reads = 60.0 / c.coordinator_watch_s + 60.0 / c.coordinator_peers_s
+        coordinator = (d.read(n, d.progress_record) / c.coordinator_watch_s
+                       + d.read(n, d.peer_record) / c.coordinator_peers_s
                        + d.store(d.plan_record_per_peer * n) * per_round)
     return {
         "peers": n, "training": training, "round_s": round_s,

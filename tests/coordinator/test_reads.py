@@ -1,0 +1,86 @@
+"""The coordinator's watch reads the progress records every tick and the peer records only when they can have
+changed (a new peer reports progress) or every ``peers_every_s``; a replan plans on a fresh copy."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from geotrain.config import job_from_dict
+from geotrain.coordinator.coordinator import Coordinator, CoordinatorConfig
+from geotrain.plan import JobPlan, StageSlot
+from geotrain.swarm.records import PeerRecord, PeerStatus, ProgressRecord
+from tests.swarm.test_records import peer_record
+
+
+def progress(pid: str, status: PeerStatus = PeerStatus.TRAINING) -> ProgressRecord:
+    return ProgressRecord(peer_id=pid, job_id="j", plan_version=1, step=3, tokens=0, round=0, bytes_sent=0,
+                          bytes_received=0, updated_at=time.time(), status=status)
+
+
+class Reads:
+    """A swarm's read side, counting the reads of each dictionary."""
+
+    def __init__(self) -> None:
+        self.progress: dict[str, ProgressRecord] = {}
+        self.peers: dict[str, PeerRecord] = {}
+        self.counts = {"progress": 0, "peers": 0, "thorough": 0}
+
+    def get_progress(self, thorough: bool = False) -> dict[str, ProgressRecord]:
+        self.counts["progress"] += 1
+        self.counts["thorough"] += thorough
+        return dict(self.progress)
+
+    def get_peers(self, thorough: bool = False) -> dict[str, PeerRecord]:
+        self.counts["peers"] += 1
+        return dict(self.peers)
+
+
+def coordinator(tmp_path: Path, reads: Reads, clock: list[float]) -> Coordinator:
+    job = job_from_dict({"job": {"name": "t"}, "model": {"preset": "tiny"}})
+    c = Coordinator(CoordinatorConfig(job_id="j", report_dir=tmp_path, peers_every_s=30.0), job,
+                    swarm=reads, clock=lambda: clock[0])  # type: ignore[arg-type]
+    c.plan = JobPlan(job_id="j", version=1, num_blocks=2, stop_step=10, pipelines=(
+        (StageSlot(peer="A", start=0, end=1), StageSlot(peer="B", start=1, end=2)),
+    ))
+    return c
+
+
+def test_the_peer_records_are_read_again_only_on_a_new_peer_or_after_peers_every_s(tmp_path: Path) -> None:
+    reads, clock = Reads(), [0.0]
+    reads.progress = {p: progress(p) for p in "AB"}
+    reads.peers = {p: peer_record(p) for p in "AB"}
+    c = coordinator(tmp_path, reads, clock)
+    for t in (0.0, 5.0, 10.0, 29.0):
+        clock[0] = t
+        got, everyone = c._read_view()
+        assert set(got) == set(everyone) == {"A", "B"}
+    assert reads.counts == {"progress": 4, "peers": 1, "thorough": 0}  # one read of the peers in 29 s
+    reads.progress["C"] = progress("C", PeerStatus.IDLE)  # a joiner reports: its record is read at once
+    reads.peers["C"] = peer_record("C")
+    clock[0] = 31.0
+    assert set(c._read_view()[1]) == {"A", "B", "C"} and reads.counts["peers"] == 2
+    clock[0] = 62.0  # nothing new, but peers_every_s passed
+    c._read_view()
+    assert reads.counts["peers"] == 3
+
+
+def test_a_plan_peer_missing_from_the_quick_copies_is_read_from_every_replica(tmp_path: Path) -> None:
+    reads, clock = Reads(), [0.0]
+    reads.progress = {"A": progress("A")}  # B's progress expired (or one replica missed it)
+    reads.peers = {p: peer_record(p) for p in "AB"}
+    c = coordinator(tmp_path, reads, clock)
+    got, everyone = c._read_view()
+    assert set(got) == {"A"} and reads.counts["thorough"] == 1 and reads.counts["peers"] == 2
+
+
+def test_a_replan_plans_on_fresh_peer_records_and_keeps_a_record_the_quick_read_missed(tmp_path: Path) -> None:
+    reads, clock = Reads(), [0.0]
+    reads.progress = {p: progress(p) for p in "AB"}
+    old: dict[str, Any] = {p: peer_record(p) for p in "AB"}
+    moved = peer_record("A").model_copy(update={"endpoint": "tcp://127.0.0.1:6001"})
+    reads.peers = {"A": moved}  # A moved to a new port; B's record is missing from this replica
+    c = coordinator(tmp_path, reads, clock)
+    live = c._fresh_peers(old, reads.progress)
+    assert live["A"].endpoint == "tcp://127.0.0.1:6001" and live["B"] == old["B"]
