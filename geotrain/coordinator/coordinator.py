@@ -517,7 +517,11 @@ class Coordinator:
         outside = [p for p in peers if p not in plan_peers and p not in self.plan.spares]
         if not outside:
             return frozenset()
-        rows = self.swarm.get_links()
+        try:
+            rows = self.swarm.get_links()
+        except GeotrainError as e:  # no joiner this tick; the next read finds them
+            logger.info("DHT read failed: %s", e)
+            return frozenset()
         regions = {pid: rec.region for pid, rec in peers.items()}
         started = {pid: rec.started_at for pid, rec in peers.items()}
         dial_out = {pid for pid, rec in peers.items() if rec.dial_back}
