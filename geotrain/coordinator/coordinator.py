@@ -66,7 +66,9 @@ class CoordinatorConfig:
     job_id: str
     report_dir: Path
     poll_s: float = 2.0  # DHT reads while waiting for peers and links
-    watch_every_s: float = 5.0  # DHT reads while the job runs (peers' news of a stall or the end wakes it at once)
+    # DHT reads while the job runs, at most once per the job's liveness period (swarm.heartbeat_s), the pace its
+    # progress records change at; peers' news of a stall or the end wakes the watch at once
+    watch_every_s: float = 10.0
     peers_every_s: float = 30.0  # the peer records while the job runs (at once when a new peer reports progress)
     replan_grace_s: float = 3.0
     stall_replan_s: float = 10.0  # a plan peer stalled (a neighbour failed it) this long gets a fresh plan
@@ -117,8 +119,9 @@ class Coordinator:
         self._stop = threading.Event()
         self.plan: JobPlan | None = None
         self._run = _Run(started=time.time())
-        # the watch loop reads progress every poll_s, or at once when a peer sends news (done, stalled)
-        self._progress_news = NewsWaiter(self._stop, poll_s=config.watch_every_s)
+        # the watch loop reads progress every liveness period (or watch_every_s when shorter), or at once when a
+        # peer sends news (done, stalled): reading faster than the records change only costs bytes
+        self._progress_news = NewsWaiter(self._stop, poll_s=min(config.watch_every_s, job.swarm.heartbeat_s))
         self._manifests: Any = None  # ManifestBook of the peers' checkpoint shards, built on first use
         self._last_manifest: dict[str, Any] | None = None
         self._manifest_wire: dict[str, Any] | None = None  # the newest manifest's dict, published with the plan

@@ -388,7 +388,7 @@ class PeerAgent:
                 del self._links[pid]
                 changed = True
         # republish when something changed, and before the row's DHT lifetime runs out
-        if changed or now - self._links_published_at > self.swarm.config.record_ttl_s / 2:
+        if changed or now - self._links_published_at > self.swarm.config.links_lifetime_s / 2:
             self.swarm.publish_links(LinkRow(src=self.peer_id, links=dict(self._links)))
             self._links_published_at = now
             self._emit({"event": "links", "peer_id": self.peer_id, "count": len(self._links)})

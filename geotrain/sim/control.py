@@ -8,17 +8,18 @@ operation, fitted to what ``benchmarks.control_plane`` measures on loopback (:cl
 One operation costs, in bytes sent by every node together (IP and TCP headers included):
 
 - a write (*store*) of a ``v``-byte record goes straight to the key's ``replicas``: ``replicas x (rpc + v)``;
-  the replicas are looked up again every ``max(300 s, 10 s x N)``, and every node that lookup asks
-  (``beam``) answers with the whole dictionary: ``beam x (rpc + m x r)`` for ``m`` records of ``r`` bytes;
+  the replicas are looked up again every ``max(300 s, 10 s x N)``, by the key's sibling id, so every node
+  that lookup asks (``beam``) answers with a list of nodes, not the key's dictionary:
+  ``beam x (rpc + find_answer)``;
 - a quick read (one replica's copy): ``(lookup + 1) x rpc + m x r``; a thorough read asks ``beam``
   replicas: ``(lookup + beam) x rpc + beam x m x r``.
 
 Per peer, idle (joined, no job): a heartbeat every ``heartbeat_s``, a quick read of the peer list every
 ``max(view_s, view_per_peer_s x N)``, a read of the job records every ``watch_s`` and its link row
-republished every ``record_ttl_s / 2``. In a job it reads the peer list every ``view_in_plan_s`` at
+republished every ``links_ttl_s / 2``. In a job it reads the peer list every ``view_in_plan_s`` at
 least, and adds a progress write every ``liveness_s`` and at each round (the progress record is the job's
-liveness signal); the peer and progress records are kept by ``liveness_replicas`` of the key's nearest
-nodes, the others by 5. The plan (O(N) bytes) is read only when the job record's version pointer moves, i.e. once per replan, which this steady-state figure leaves out. The coordinator reads the
+liveness signal); the peer record is kept by ``liveness_replicas`` of the key's nearest nodes, the
+progress record by ``progress_replicas``, the others by 5. The plan (O(N) bytes) is read only when the job record's version pointer moves, i.e. once per replan, which this steady-state figure leaves out. The coordinator reads the
 progress dictionary (quick) every ``coordinator_watch_s`` and the peer dictionary every ``coordinator_peers_s`` and writes the plan each round (its
 manifest): its reads per minute are constant, their bytes O(N) (it does not yet read aggregated progress).
 """
@@ -41,8 +42,8 @@ class Cadence:
     view_s: float = 30.0  # AgentConfig.view_every_s
     view_per_peer_s: float = 4.0  # AgentConfig.view_per_peer_s
     view_in_plan_s: float = 90.0  # AgentConfig.view_in_plan_s: the peer list's floor while in a plan
-    record_ttl_s: float = 120.0  # SwarmConfig.record_ttl_s
-    coordinator_watch_s: float = 5.0  # CoordinatorConfig.watch_every_s
+    links_ttl_s: float = 480.0  # SwarmConfig.links_ttl_s: a link row's lifetime (republished at half)
+    coordinator_watch_s: float = 10.0  # CoordinatorConfig.watch_every_s (the job's heartbeat_s when shorter)
     coordinator_peers_s: float = 30.0  # CoordinatorConfig.peers_every_s
 
 
@@ -54,19 +55,21 @@ class DHTCosts:
     lookup: float = 1.0
     replicas: int = 5
     liveness_replicas: int = 5  # SwarmConfig.liveness_replicas
+    progress_replicas: int = 3  # SwarmConfig.progress_replicas
     beam: int = 5
     peer_record: float = 1300.0
     progress_record: float = 1300.0
     link_row: float = 600.0  # plus ~60 bytes per measured link
     job_record: float = 2500.0
     plan_record_per_peer: float = 250.0
+    find_answer: float = 1200.0  # one node's answer to a lookup: up to 20 nearest nodes' ids and addresses
 
     def store(self, v: float, replicas: int | None = None) -> float:
         return (self.replicas if replicas is None else replicas) * (self.rpc + v)
 
-    def relookup_per_s(self, records: float, size: float, peers: int) -> float:
+    def relookup_per_s(self, peers: int) -> float:
         """A written key's replica lookup, amortised over its refresh period (bytes per second)."""
-        return self.beam * (self.rpc + records * size) / max(300.0, 10.0 * peers)
+        return self.beam * (self.rpc + self.find_answer) / max(300.0, 10.0 * peers)
 
     def read(self, records: float, size: float, *, thorough: bool = False) -> float:
         k = self.beam if thorough else 1
@@ -90,16 +93,16 @@ def control_plane_cost(
     view_period = max(c.view_s, c.view_per_peer_s * n)
     view = d.read(n, d.peer_record) / (max(view_period, c.view_in_plan_s) if training else view_period)
     row = d.link_row + 60.0 * targets
-    links = d.store(row) / (c.record_ttl_s / 2) + d.relookup_per_s(n, row, n)
+    links = d.store(row) / (c.links_ttl_s / 2) + d.relookup_per_s(n)
     jobs = d.read(1, d.job_record) / c.watch_s
-    relookups = d.relookup_per_s(n, d.peer_record, n)
+    relookups = d.relookup_per_s(n)
     peer = d.store(d.peer_record, d.liveness_replicas) / c.heartbeat_s + relookups + view + links + jobs
     if not training:
         coordinator, reads = 0.0, 0.0
     else:
         per_round = 0.0 if not round_s else 1.0 / round_s
-        peer += d.store(d.progress_record, d.liveness_replicas) * (1.0 / c.liveness_s + per_round)
-        peer += d.relookup_per_s(n, d.progress_record, n)
+        peer += d.store(d.progress_record, d.progress_replicas) * (1.0 / c.liveness_s + per_round)
+        peer += d.relookup_per_s(n)
         # the progress dictionary every watch, the peer dictionary every coordinator_peers_s (sooner only on joins)
         reads = 60.0 / c.coordinator_watch_s + 60.0 / c.coordinator_peers_s
         coordinator = (d.read(n, d.progress_record) / c.coordinator_watch_s

@@ -102,7 +102,8 @@ async def store_direct(
     the key's whole value: for a dictionary of N records (the peers, their progress) each write then
     moves O(N) bytes from several nodes. This writes straight to the replicas a lookup found earlier (one
     lookup per ``refresh_s``, or when fewer than a majority of them took the record), so a heartbeat costs its
-    own record times the replicas, whatever N is.
+    own record times the replicas, whatever N is; that lookup asks for the key's sibling id, whose nearest
+    nodes are the key's own but hold no value, so it too moves O(1) bytes.
 
     ``replicas``: how many of the key's nearest nodes take the record (default and most: hivemind's
     ``num_replicas``, 5), this node included when it is one of them. The write is done once a majority of
@@ -121,9 +122,13 @@ async def store_direct(
     protocol = node.protocol
     known = _REPLICAS.get(key_id)
     if known is None or now - known[0] > refresh_s or not known[1]:
-        found = await node.find_nearest_nodes([key_id], k_nearest=node.num_replicas, beam_size=beam,
+        # looked up by the key's sibling id (its last bit flipped): the same nearest nodes (two node ids that
+        # agree on 159 bits never occur), but no node stores a value under it, so none answers with the key's
+        # whole dictionary (hivemind's find answers every asked node's stored value, and drops it)
+        sibling = DHTID(int(key_id) ^ 1)
+        found = await node.find_nearest_nodes([sibling], k_nearest=node.num_replicas, beam_size=beam,
                                               exclude_self=True)
-        nearest = dict(found.get(key_id, {}))
+        nearest = dict(found.get(sibling, {}))
         # a full node (not client mode) among the key's nearest is one of its replicas, as in hivemind's
         # own store: it keeps the record too (else readers that ask it get the others' records without its own)
         candidates = sorted([*nearest, *([] if protocol.client_mode else [node.node_id])], key=key_id.xor_distance)

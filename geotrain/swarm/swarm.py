@@ -69,14 +69,20 @@ class SwarmConfig:
     hivemind's 5 nearest nodes, and a thorough read merges the dictionaries it gets. A quick
     read (``thorough=False``) takes the first replica's copy: one O(N) answer instead of
     ``read_beam``, for readers that tolerate missing a record now and then.
-    ``liveness_replicas``: how many of its key's nearest nodes keep a record whose absence means "gone", the
-    peer record and the progress record (the others: 5, hivemind's ``num_replicas``). Both are rewritten
-    every period and expire after 3 (:meth:`liveness_ttl_s`); their 5 copies are about half of a training
-    peer's DHT bytes (each copy is one RPC, ~1.1 KB on the wire besides the record). The default stays 5:
-    with 3, a closed swarm's two same-region members sometimes never measured the link between them, so no
-    plan was possible (tests/coordinator/test_admission.py: 3 failures in 6 runs with 3, none in 4 with 5;
-    the likely cause, not proven: a quick read that stops at a node outside the 3, holding an older,
-    partial copy from when the swarm was smaller, misses peers).
+    ``liveness_replicas``: how many of its key's nearest nodes keep the peer record, whose absence means
+    "gone" (the others: 5, hivemind's ``num_replicas``). It is rewritten every period and expires after 3
+    (:meth:`liveness_ttl_s`); each copy is one RPC, ~1.1 KB on the wire besides the record. The default
+    stays 5: with 3, a closed swarm's two same-region members sometimes never measured the link between
+    them, so no plan was possible (tests/coordinator/test_admission.py: 3 failures in 6 runs with 3, none in
+    4 with 5; the likely cause, not proven: a peer's quick read of the peer list that stops at a node outside
+    the 3, holding an older, partial copy from when the swarm was smaller, misses peers).
+    ``progress_replicas``: the same for the progress record, a job's liveness signal, rewritten every
+    liveness period by every peer of a job: most of a training peer's DHT bytes. Only the coordinator reads
+    it, and a plan peer its quick read misses is looked for on every replica before it counts as gone, so a
+    partial copy costs a thorough read, never a false death: 3.
+    ``links_ttl_s``: lifetime of a peer's row of link figures, or ``max_ttl_s`` when that is shorter
+    (:attr:`links_lifetime_s`; the row is republished at half of it). Links are measured hourly and read
+    when a plan is made; a dead peer's row is ignored with its peer record.
     """
 
     initial_peers: tuple[str, ...] = ()
@@ -97,6 +103,8 @@ class SwarmConfig:
     start_timeout_s: float = 60.0
     read_beam: int = 5
     liveness_replicas: int = 5
+    progress_replicas: int = 3
+    links_ttl_s: float = 480.0
 
     def __post_init__(self) -> None:
         if isinstance(self.initial_peers, (str, bytes)) or not all(
@@ -140,12 +148,12 @@ class SwarmConfig:
                 raise ConfigError(f"swarm.{name} must be > 0; got {getattr(self, name)}")
         if not 1 <= self.read_beam <= 64:
             raise ConfigError(f"swarm.read_beam must be in 1..64; got {self.read_beam}")
-        if not 1 <= self.liveness_replicas <= min(5, self.read_beam):
-            # hivemind's nodes keep 5 replicas at most; beyond read_beam a thorough read could miss every copy
-            raise ConfigError(
-                f"swarm.liveness_replicas must be in 1..min(5, read_beam={self.read_beam}); "
-                f"got {self.liveness_replicas}"
-            )
+        for name in ("liveness_replicas", "progress_replicas"):
+            if not 1 <= getattr(self, name) <= min(5, self.read_beam):
+                # hivemind's nodes keep 5 replicas at most; beyond read_beam a thorough read could miss every copy
+                raise ConfigError(
+                    f"swarm.{name} must be in 1..min(5, read_beam={self.read_beam}); got {getattr(self, name)}"
+                )
         if self.peer_ttl_s > self.max_ttl_s:
             raise ConfigError(
                 f"swarm.heartbeat_s x 3 + rpc_timeout_s must be <= max_ttl_s ({self.max_ttl_s}); got "
@@ -155,6 +163,8 @@ class SwarmConfig:
             raise ConfigError(
                 f"swarm.record_ttl_s must be <= max_ttl_s ({self.max_ttl_s}); got {self.record_ttl_s}"
             )
+        if not self.links_ttl_s > 0:
+            raise ConfigError(f"swarm.links_ttl_s must be > 0; got {self.links_ttl_s}")
         if self.max_value_bytes < 4096 or self.max_depth < 4:
             raise ConfigError("swarm.max_value_bytes must be >= 4096 and swarm.max_depth >= 4")
 
@@ -162,6 +172,11 @@ class SwarmConfig:
     def peer_ttl_s(self) -> float:
         """Lifetime of one heartbeat's peer record (see :meth:`liveness_ttl_s`)."""
         return self.liveness_ttl_s(self.heartbeat_s)
+
+    @property
+    def links_lifetime_s(self) -> float:
+        """Lifetime of a published link row: ``links_ttl_s``, or ``max_ttl_s`` when that is shorter."""
+        return min(self.links_ttl_s, self.max_ttl_s)
 
     def liveness_ttl_s(self, period_s: float) -> float:
         """Lifetime of a record renewed every ``period_s`` whose absence means "gone": 3 periods and one RPC
@@ -361,7 +376,7 @@ class Swarm:
     def publish_links(self, row: LinkRow) -> bool:
         """Publish this peer's row of the link matrix."""
         self._check_own(row.src, "src")
-        return self._publish("links", row, self.config.record_ttl_s)
+        return self._publish("links", row, self.config.links_lifetime_s)
 
     def publish_job(self, job: JobRecord, *, ttl_s: float | None = None) -> bool:
         """Publish the job (the coordinator does; the record is keyed by its identity)."""
@@ -380,7 +395,7 @@ class Swarm:
         """
         self._check_own(progress.peer_id, "peer_id")
         return self._publish("progress", progress, min(ttl_s or self.config.record_ttl_s, self.config.max_ttl_s),
-                             replicas=self.config.liveness_replicas)
+                             replicas=self.config.progress_replicas)
 
     def start_heartbeat(self, make_record: Callable[[], PeerRecord]) -> Heartbeat:
         """Republish ``make_record()`` every ``heartbeat_s`` in a background thread (first one now)."""

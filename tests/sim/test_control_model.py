@@ -18,8 +18,9 @@ def test_the_models_cadence_is_the_one_peers_and_coordinators_run_with() -> None
     assert (c.watch_s, c.view_s, c.view_per_peer_s) == (a.watch_every_s, a.view_every_s, a.view_per_peer_s)
     assert c.view_in_plan_s == a.view_in_plan_s
     assert DHTCosts().liveness_replicas == SwarmConfig().liveness_replicas
+    assert DHTCosts().progress_replicas == SwarmConfig().progress_replicas
     assert a.watch_idle_s == c.watch_s
-    assert c.record_ttl_s == SwarmConfig().record_ttl_s
+    assert c.links_ttl_s == SwarmConfig().links_lifetime_s
     assert c.coordinator_watch_s == CoordinatorConfig(job_id="j", report_dir=".").watch_every_s  # type: ignore[arg-type]
 
 

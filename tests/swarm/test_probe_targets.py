@@ -48,7 +48,7 @@ def test_a_joining_peer_of_a_swarm_of_16_probes_its_targets_not_15(monkeypatch: 
                                     started_at=100.0 + i, dial_back=False)
                for i, (pid, r) in enumerate(view.items())}
     published: list[Any] = []
-    swarm = SimpleNamespace(peer_id=me, admission=None, config=SimpleNamespace(record_ttl_s=30.0),
+    swarm = SimpleNamespace(peer_id=me, admission=None, config=SimpleNamespace(record_ttl_s=30.0, links_lifetime_s=30.0),
                             get_peers=lambda **kw: records, get_jobs=lambda **kw: {}, publish_links=published.append)
     connected: list[str] = []
     transport = SimpleNamespace(config=SimpleNamespace(curve=None), dial_out=False,

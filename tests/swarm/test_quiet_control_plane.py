@@ -129,20 +129,34 @@ def test_a_peer_in_a_plan_reads_the_peer_list_at_its_slow_in_plan_period() -> No
 
 
 def test_the_liveness_records_can_go_to_fewer_replicas_than_the_others() -> None:
-    """The peer and progress records (rewritten every period, gone after 3) are kept by ``liveness_replicas``
-    nodes (5 by default, as every other record); a link row, job or plan by all 5."""
+    """The peer record is kept by ``liveness_replicas`` nodes (5 by default, as every other record), the
+    progress record by ``progress_replicas`` (3 by default); a link row, job or plan by all 5; a link row lives
+    ``links_ttl_s`` (``max_ttl_s`` when shorter)."""
     from geotrain.swarm.records import LinkRow, ProgressRecord
     from geotrain.swarm.swarm import Swarm
     from tests.swarm.test_records import peer_record
 
-    swarm = Swarm(SwarmConfig(liveness_replicas=3))
-    calls: list[tuple[str, int | None]] = []
-    swarm._publish = lambda kind, record, ttl_s, replicas=None: calls.append((kind, replicas)) or True  # type: ignore[method-assign]
-    swarm.publish_progress(ProgressRecord(peer_id=swarm.peer_id, job_id="j", plan_version=1, step=0, tokens=0,
-                                          round=0, bytes_sent=0, bytes_received=0, updated_at=0.0))
-    swarm.publish_peer(peer_record(swarm.peer_id))
-    swarm.publish_links(LinkRow(src=swarm.peer_id, links={}))
-    assert calls == [("progress", 3), ("peers", 3), ("links", None)] and SwarmConfig().liveness_replicas == 5
+    for config, want in ((SwarmConfig(), [("progress", 3), ("peers", 5), ("links", None)]),
+                         (SwarmConfig(liveness_replicas=3, progress_replicas=2),
+                          [("progress", 2), ("peers", 3), ("links", None)])):
+        swarm = Swarm(config)
+        calls: list[tuple[str, int | None]] = []
+        ttls: dict[str, float] = {}
+
+        def publish(kind: str, record: object, ttl_s: float, replicas: int | None = None, *,
+                    calls: list[tuple[str, int | None]] = calls, ttls: dict[str, float] = ttls) -> bool:
+            calls.append((kind, replicas))
+            ttls[kind] = ttl_s
+            return True
+
+        swarm._publish = publish  # type: ignore[method-assign]
+        swarm.publish_progress(ProgressRecord(peer_id=swarm.peer_id, job_id="j", plan_version=1, step=0, tokens=0,
+                                              round=0, bytes_sent=0, bytes_received=0, updated_at=0.0))
+        swarm.publish_peer(peer_record(swarm.peer_id))
+        swarm.publish_links(LinkRow(src=swarm.peer_id, links={}))
+        assert calls == want
+        assert ttls["links"] == 480.0
+    assert SwarmConfig(max_ttl_s=60.0, heartbeat_s=1.0, record_ttl_s=30.0).links_lifetime_s == 60.0
 
 
 def test_liveness_replicas_are_bounded_by_hiveminds_five_and_the_read_beam() -> None:
@@ -155,3 +169,8 @@ def test_liveness_replicas_are_bounded_by_hiveminds_five_and_the_read_beam() -> 
             SwarmConfig(liveness_replicas=bad)
     with pytest.raises(ConfigError, match="liveness_replicas"):
         SwarmConfig(read_beam=2, liveness_replicas=3)  # a thorough read could miss every copy
+    for bad in (0, 6):
+        with pytest.raises(ConfigError, match="progress_replicas"):
+            SwarmConfig(progress_replicas=bad)
+    with pytest.raises(ConfigError, match="links_ttl_s"):
+        SwarmConfig(links_ttl_s=0.0)

@@ -130,3 +130,31 @@ def test_a_replica_count_counts_this_node_when_it_is_among_the_nearest() -> None
 
     ok, calls, waiting = asyncio.run(scenario())
     assert ok and calls == expected and waiting == 1  # 2 out, 1 kept here; done with here + 1
+
+
+def test_the_replica_lookup_asks_for_the_keys_sibling_whose_nearest_nodes_are_the_keys_own() -> None:
+    """hivemind's find answers, from every node it asks, that node's stored value for the id looked up: for the
+    peers' or the progress dictionary, N records per answer. The lookup asks for the key's sibling id (last bit
+    flipped), which nobody stores anything under and whose nearest nodes are the key's."""
+    asked: list[DHTID] = []
+
+    class _AskedNode(_Node):
+        async def find_nearest_nodes(self, keys: list[DHTID], **kwargs: Any) -> dict[DHTID, dict[DHTID, str]]:
+            asked.extend(keys)
+            return await super().find_nearest_nodes(keys, **kwargs)
+
+    async def scenario() -> bool:
+        protocol = _Protocol("none", asyncio.Event())
+        dht_process._REPLICAS.clear()
+        return await asyncio.wait_for(dht_process.store_direct(
+            None, _AskedNode(protocol, ["r0", "r1", "r2"]), key="k", subkey=b"s", value=b"v", expiration=1e12,
+            refresh_s=300.0, beam=5), timeout=10)
+
+    assert asyncio.run(scenario())
+    key_id = DHTID.generate(source="k")
+    assert asked == [DHTID(int(key_id) ^ 1)]
+    for seed in range(200):  # the 5 nearest of a key and of its sibling are the same nodes, in the same order
+        nodes = [DHTID.generate(source=f"{seed}-{i}") for i in range(50)]
+        key = DHTID.generate(source=f"key-{seed}")
+        sibling = DHTID(int(key) ^ 1)
+        assert sorted(nodes, key=key.xor_distance)[:5] == sorted(nodes, key=sibling.xor_distance)[:5]
