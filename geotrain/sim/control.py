@@ -5,7 +5,9 @@ The terms are the ones the peers and the coordinator run with (``geotrain.peers.
 defaults are repeated in :class:`Cadence`, which a test keeps equal to them), and hivemind's cost of one
 operation, fitted to what ``benchmarks.control_plane`` measures on loopback (:class:`DHTCosts`).
 
-One operation costs, in bytes sent by every node together (IP and TCP headers included):
+One operation costs, in bytes sent by every node together (IP and TCP headers included), less what a
+node that is itself one of the key's replicas keeps or answers locally (probability ``replicas / N``: most
+of a small swarm's nodes hold most keys, which is why a swarm of 8 costs less per peer than one of 32):
 
 - a write (*store*) of a ``v``-byte record goes straight to the key's ``replicas``: ``replicas x (rpc + v)``;
   the replicas are looked up again every ``max(300 s, 10 s x N)``, by the key's sibling id, so every node
@@ -64,16 +66,30 @@ class DHTCosts:
     plan_record_per_peer: float = 250.0
     find_answer: float = 1200.0  # one node's answer to a lookup: up to 20 nearest nodes' ids and addresses
 
-    def store(self, v: float, replicas: int | None = None) -> float:
-        return (self.replicas if replicas is None else replicas) * (self.rpc + v)
+    def store(self, v: float, replicas: int | None = None, peers: int | None = None) -> float:
+        """A write to ``replicas`` of a key's nearest nodes; in a swarm of ``peers`` the writer is one of them
+        with probability ``replicas / peers`` and keeps that copy itself (no bytes)."""
+        r = self.replicas if replicas is None else replicas
+        return (r - (local(r, peers) if peers else 0.0)) * (self.rpc + v)
 
     def relookup_per_s(self, peers: int) -> float:
         """A written key's replica lookup, amortised over its refresh period (bytes per second)."""
         return self.beam * (self.rpc + self.find_answer) / max(300.0, 10.0 * peers)
 
-    def read(self, records: float, size: float, *, thorough: bool = False) -> float:
+    def read(self, records: float, size: float, *, thorough: bool = False, replicas: int | None = None,
+             peers: int | None = None) -> float:
+        """A read; a quick one from a node that is itself one of the key's ``replicas`` (probability
+        ``replicas / peers``) is answered from its own storage (no bytes)."""
         k = self.beam if thorough else 1
-        return (self.lookup + k) * self.rpc + k * records * size
+        cost = (self.lookup + k) * self.rpc + k * records * size
+        if thorough or not peers:
+            return cost
+        return cost * (1.0 - local(self.replicas if replicas is None else replicas, peers))
+
+
+def local(replicas: int, peers: int) -> float:
+    """The chance that a node is one of a key's ``replicas`` nearest among ``peers`` nodes."""
+    return min(1.0, replicas / max(1, peers))
 
 
 def control_plane_cost(
@@ -91,23 +107,24 @@ def control_plane_cost(
     n = max(1, peers)
     targets = min(n - 1, 3 + 2 * max(0, regions - 1))
     view_period = max(c.view_s, c.view_per_peer_s * n)
-    view = d.read(n, d.peer_record) / (max(view_period, c.view_in_plan_s) if training else view_period)
+    view = (d.read(n, d.peer_record, replicas=d.liveness_replicas, peers=n)
+            / (max(view_period, c.view_in_plan_s) if training else view_period))
     row = d.link_row + 60.0 * targets
-    links = d.store(row) / (c.links_ttl_s / 2) + d.relookup_per_s(n)
-    jobs = d.read(1, d.job_record) / c.watch_s
+    links = d.store(row, peers=n) / (c.links_ttl_s / 2) + d.relookup_per_s(n)
+    jobs = d.read(1, d.job_record, peers=n) / c.watch_s
     relookups = d.relookup_per_s(n)
-    peer = d.store(d.peer_record, d.liveness_replicas) / c.heartbeat_s + relookups + view + links + jobs
+    peer = d.store(d.peer_record, d.liveness_replicas, n) / c.heartbeat_s + relookups + view + links + jobs
     if not training:
         coordinator, reads = 0.0, 0.0
     else:
         per_round = 0.0 if not round_s else 1.0 / round_s
-        peer += d.store(d.progress_record, d.progress_replicas) * (1.0 / c.liveness_s + per_round)
+        peer += d.store(d.progress_record, d.progress_replicas, n) * (1.0 / c.liveness_s + per_round)
         peer += d.relookup_per_s(n)
         # the progress dictionary every watch, the peer dictionary every coordinator_peers_s (sooner only on joins)
         reads = 60.0 / c.coordinator_watch_s + 60.0 / c.coordinator_peers_s
-        coordinator = (d.read(n, d.progress_record) / c.coordinator_watch_s
-                       + d.read(n, d.peer_record) / c.coordinator_peers_s
-                       + d.store(d.plan_record_per_peer * n) * per_round)
+        coordinator = (d.read(n, d.progress_record, replicas=d.progress_replicas, peers=n) / c.coordinator_watch_s
+                       + d.read(n, d.peer_record, replicas=d.liveness_replicas, peers=n) / c.coordinator_peers_s
+                       + d.store(d.plan_record_per_peer * n, peers=n) * per_round)
     return {
         "peers": n, "training": training, "round_s": round_s,
         "bytes_per_peer_s": peer + coordinator / n,

@@ -36,3 +36,14 @@ def test_a_peers_cost_does_not_grow_with_the_swarm_and_the_coordinator_reads_a_c
     # its bytes do grow with N (it reads every peer's progress, not yet aggregated), linearly
     coord = {n: control_plane_cost(n, round_s=60.0)["coordinator_bytes_s"] for n in (100, 1000)}
     assert 5 < coord[1000] / coord[100] < 11
+
+
+def test_a_node_that_is_one_of_a_keys_replicas_writes_and_reads_that_copy_locally() -> None:
+    """In a small swarm most nodes hold most keys: a write keeps one copy at home, a quick read is answered from
+    home, so a peer of 8 costs less than one of 32 (the measured idle growth from 8 to 32 is this term)."""
+    d = DHTCosts()
+    assert d.store(100.0, 5, peers=5) == 4 * (d.rpc + 100.0)  # every node is a replica: one copy is its own
+    assert d.store(100.0, 5, peers=1000) > 4.97 * (d.rpc + 100.0)
+    assert d.read(8, 1000.0, peers=5) == 0.0 and d.read(8, 1000.0, peers=5, thorough=True) > 0.0
+    idle = {n: control_plane_cost(n, regions=4, training=False)["bytes_per_peer_s"] for n in (8, 32, 1000)}
+    assert idle[8] < idle[32] and abs(idle[1000] / idle[32] - 1.0) < 0.05, idle
