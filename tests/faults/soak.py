@@ -56,6 +56,9 @@ min_peers = 4
 wait_peers_s = 120
 hop_timeout_s = 4
 round_timeout_s = 4
+# the job's liveness period: a killed peer must be seen gone well inside the short soak's 40 s (the coordinator
+# reads progress once per this period; with the default 10 s the death came after the job's end in one run)
+heartbeat_s = 2
 [checkpoint]
 # a killed peer may be its blocks' only holder (the planner may run one pipeline and keep spares); this soak
 # measures churn's goodput and resource growth, not state durability (tests/faults/test_resume_from_swarm.py)
