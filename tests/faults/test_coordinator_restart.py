@@ -14,7 +14,7 @@ from geotrain.testing.procs import ChildGroup
 from geotrain.testing.swarm import start_local_swarm
 from tests.adversarial.live import read_progress
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(400)]  # 30 s idle, 150 s loaded
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(400)]  # 61 s idle, 75 s beside two busy loops
 
 JOB = """
 [job]
@@ -32,12 +32,15 @@ microbatches = 2
 [sync]
 every = 5
 [stop]
-steps = 400
+steps = 1500
 [swarm]
 min_peers = 2
 wait_peers_s = 90
 hop_timeout_s = 6
 round_timeout_s = 6
+# the job's liveness period, which is also how often the coordinator reads progress: its first progress event
+# must come while the peers still train (400 steps took 9 s here, done before a 10 s read)
+heartbeat_s = 1
 [report]
 eval_batches = 2
 """
