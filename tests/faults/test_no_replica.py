@@ -21,7 +21,7 @@ from geotrain.testing.procs import ChildGroup
 from geotrain.testing.swarm import start_local_swarm
 from tests.adversarial.live import read_progress
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(400)]  # ~1-3 min
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(400)]  # 100 s alone, 96 s beside two busy loops
 
 JOB = """
 [job]
@@ -37,7 +37,7 @@ pipelines = 1
 micro_batch_size = 4
 microbatches = 2
 [stop]
-steps = 3000
+steps = 1000
 [swarm]
 min_peers = 2
 wait_peers_s = 90
@@ -85,4 +85,4 @@ def test_orphaned_stage_waits_quietly_and_recovers_when_a_peer_joins(children: C
     assert replan["pipelines"] == 1
     report = coord.wait_event("report", 240)
     assert report["summary"]["val_loss_final"] < report["summary"]["val_loss_initial"] - 0.3
-    assert read_progress(swarm.maddrs, survivor_id, lambda p: p.step >= 3000, 60).step > stuck_at
+    assert read_progress(swarm.maddrs, survivor_id, lambda p: p.step >= 1000, 60).step > stuck_at
