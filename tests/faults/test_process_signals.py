@@ -72,7 +72,7 @@ def _stop_and_check(child: Child, sig: int) -> None:
     "peer_sig,coord_sig",
     [
         (signal.SIGTERM, signal.SIGINT),
-        pytest.param(signal.SIGINT, signal.SIGTERM, marks=pytest.mark.slow),
+        (signal.SIGINT, signal.SIGTERM),
     ],
     ids=["peer-TERM-coordinator-INT", "peer-INT-coordinator-TERM"],
 )

@@ -81,7 +81,7 @@ def test_heuristic_within_5_percent_of_exhaustive(case: int) -> None:
         assert got.prediction.usd_per_mtok <= 1.05 * opt.prediction.usd_per_mtok
 
 
-@pytest.mark.parametrize("case", [0, 1, *(pytest.param(i, marks=pytest.mark.slow) for i in range(2, 6))])
+@pytest.mark.parametrize("case", range(6))
 def test_heuristic_within_5_percent_of_exhaustive_8_peers(case: int) -> None:
     d = _cases(6, 8, 8, seed=99)[case]
     sc = Scenario.from_dict(d)
