@@ -161,14 +161,16 @@ class Coordinator:
 
         First from one replica each (a fifth of the bytes of reading every replica); only when that
         copy lacks a record of a plan peer (a death, or a replica that missed a write) from every
-        replica, so a peer is never taken for dead on one replica's word. The progress records are the
+        replica, so a peer is never taken for dead on one replica's word; after a peer's news, from every replica
+        at once (a joiner's first record may be on replicas the quick copy is not). The progress records are the
         liveness signal and are read every tick; the peer records (endpoints, keys, compute: they change
         when a peer joins) only when a progress record names a peer the last copy lacks, or every
         ``peers_every_s``: half the coordinator's read bytes while nothing changes.
         """
         assert self.plan is not None
         plan_peers = set(self.plan.peers)
-        for thorough in (False, True):
+        # news (a peer stalled, done, or new to the job) is rare and may concern a record the quick copy lacks
+        for thorough in (True,) if self._progress_news.had_news else (False, True):
             progress = {pid: p for pid, p in self.swarm.get_progress(thorough=thorough).items()
                         if p.job_id == self.config.job_id}
             cached = self._peers_read

@@ -95,8 +95,10 @@ def test_joiner_mid_run_is_folded_in_and_pulls_verified_state(children: ChildGro
     started = threading.Event()
 
     def on_event(e: dict[str, Any]) -> None:
-        training = e.get("event") == "progress" and any(p["status"] == "training" for p in e["peers"].values())
-        if training and not started.is_set():
+        # the late peer starts with the first plan: it is ready 15-30 s later, while the job trains (rounds every
+        # 5 steps). Started at the first progress event that showed training, it was once folded in too late: the
+        # 1,500 steps were done first (plans: ['initial'])
+        if e.get("event") == "plan" and not started.is_set():
             started.set()
             late = children.start("late", ["peer", "--initial-peers", *swarm.maddrs, "--region", "eu",
                                            "--threads", "1", "--heartbeat", "1", "--job", "e2e-join"])
@@ -107,7 +109,8 @@ def test_joiner_mid_run_is_folded_in_and_pulls_verified_state(children: ChildGro
     assert started.is_set()
     late_id = joined[0]["child"].wait_event("ready", timeout=5)["peer_id"]
     reasons = [p["reason"] for p in report["plans"]]
-    assert "join" in reasons, reasons
+    late_events = [line for line in list(joined[0]["child"].lines) if line.startswith("{")]
+    assert "join" in reasons, (reasons, report["summary"].get("wall_s"), late_events[:12])
     # every adoption past the job's first plan took committed state (own, a donor's, a checkpoint): a stage
     # restarted from the seed mid-run would split its group and set the model back to step 0
     adopted = _plan_events([*swarm.peers, joined[0]["child"]])
