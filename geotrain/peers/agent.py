@@ -522,7 +522,8 @@ class PeerAgent:
         if urgent == last[0] and not moved and since < self._liveness_s():
             return False
         self._publish_progress(step, metrics)
-        if urgent[1] is not None and urgent[1] != (last[0] or (None, None))[1]:
+        followed_before = last[0][1] if last[0] is not None else None
+        if urgent[1] is not None and urgent[1] != followed_before:
             # a job newly followed: its coordinator reads every replica now (its quick read may come from a replica
             # that lacks this new record, and it looks further only for a plan peer it misses)
             self._tell_coordinator()
