@@ -73,6 +73,9 @@ class Namespace:
         subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
         subprocess.run(["ip", "netns", "add", self.name], check=True)
         self.run(["ip", "link", "set", "lo", "up"])
+        # the fixed ports below are this namespace's alone: without this, an outgoing connection made before
+        # a later peer binds its port can take that port as its ephemeral source, and the peer cannot start
+        self.run(["sysctl", "-q", "-w", f"net.ipv4.ip_local_reserved_ports={DHT_BASE}-{DATA_BASE + 999}"])
         if self.nft:
             rules = [
                 "add table inet gtcp",
