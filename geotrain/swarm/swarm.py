@@ -323,6 +323,11 @@ class Swarm:
 
         # remembered so shutdown() can still stop p2pd if the DHT process dies without cleaning up
         self._p2pd_pid = self._wait(dht.run_coroutine(p2pd_pid, return_future=True), "find p2pd")
+        if self._tmpdir is not None:
+            # p2pd read the ephemeral key when it started: remove it now, so a process killed later leaves
+            # no private key behind in the temp directory
+            self._tmpdir.cleanup()
+            self._tmpdir = None
         logger.info("joined swarm %r as %s", cfg.swarm, self.peer_id)
         return self
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -61,6 +63,21 @@ def test_publish_and_read_every_kind(pair: tuple[Swarm, Swarm]) -> None:
     assert wait_until(lambda: member.get_jobs(), 15)[boot.peer_id].spec == {"steps": 10}
     with pytest.raises(RecordError, match="not this peer's id"):
         member.publish_peer(peer_record(boot.peer_id))  # a peer cannot publish in another's name
+
+
+def test_an_ephemeral_identity_leaves_no_key_on_disk_once_started(
+    pair: tuple[Swarm, Swarm], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """p2pd reads a peer's minted key at start; the file goes then, so a peer killed later leaves none."""
+    boot, _ = pair
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    node = Swarm(SwarmConfig(initial_peers=tuple(boot.visible_maddrs()), **FAST)).start()  # type: ignore[arg-type]
+    try:
+        assert not [p for p in tmp_path.iterdir() if p.name.startswith("geotrain-id-")]
+        assert node.publish_peer(peer_record(node.peer_id))  # the node still signs and stores with that key
+        assert wait_until(lambda: boot.get_peers().get(node.peer_id), 15)
+    finally:
+        node.shutdown()
 
 
 def test_each_defective_record_is_refused_and_the_honest_one_still_reads(pair: tuple[Swarm, Swarm]) -> None:
