@@ -45,6 +45,7 @@ from geotrain.coordinator.decide import (
     StateLost,
     View,
     decide,
+    next_due,
 )
 from geotrain.coordinator.planning import egress_price, make_plan, with_passive
 from geotrain.coordinator.report import write_report
@@ -156,13 +157,19 @@ class Coordinator:
                     for pipe in plan.pipelines for sl in pipe if sl.endpoint]
         send_news(self.transport, contacts, PLAN_NEWS)
 
-    def _read_view(self) -> tuple[dict[str, ProgressRecord], dict[str, PeerRecord]]:
+    def _until_due(self, memory: Memory) -> float | None:
+        """Seconds until a timer of ``memory`` matures (:func:`next_due`), or None."""
+        due = next_due(memory, self._clock(), self._policy)
+        return None if due is None else due - self._clock()
+
+    def _read_view(self, *, every_replica: bool = False) -> tuple[dict[str, ProgressRecord], dict[str, PeerRecord]]:
         """This job's progress records and the live peer records, read quietly.
 
         First from one replica each (a fifth of the bytes of reading every replica); only when that
         copy lacks a record of a plan peer (a death, or a replica that missed a write) from every
-        replica, so a peer is never taken for dead on one replica's word; after a peer's news, from every replica
-        at once (a joiner's first record may be on replicas the quick copy is not). The progress records are the
+        replica, so a peer is never taken for dead on one replica's word; after a peer's news, or with
+        ``every_replica``, from every replica at once (a joiner's first record may be on replicas the quick copy
+        is not). The progress records are the
         liveness signal and are read every tick; the peer records (endpoints, keys, compute: they change
         when a peer joins) only when a progress record names a peer the last copy lacks, or every
         ``peers_every_s``: half the coordinator's read bytes while nothing changes.
@@ -170,7 +177,7 @@ class Coordinator:
         assert self.plan is not None
         plan_peers = set(self.plan.peers)
         # news (a peer stalled, done, or new to the job) is rare and may concern a record the quick copy lacks
-        for thorough in (True,) if self._progress_news.had_news else (False, True):
+        for thorough in (True,) if every_replica or self._progress_news.had_news else (False, True):
             progress = {pid: p for pid, p in self.swarm.get_progress(thorough=thorough).items()
                         if p.job_id == self.config.job_id}
             cached = self._peers_read
@@ -444,7 +451,8 @@ class Coordinator:
         last_job_publish = self._clock()
         memory = Memory()
         last_tick = time.time()
-        while self._progress_news.wait():
+        # a pending timer (a joiner's grace, a missing peer's) brings the next tick forward to when it matures
+        while self._progress_news.wait(self._until_due(memory)):
             now = time.time()
             dt, last_tick = now - last_tick, now
             if self._clock() - last_job_publish > self.swarm.config.record_ttl_s / 3:
@@ -457,7 +465,9 @@ class Coordinator:
                 except GeotrainError as e:  # tried again next poll; a stopping job still writes its report
                     logger.info("DHT write failed: %s", e)
             try:
-                progress, everyone = self._read_view()
+                # a joiner waiting out its grace is read from every replica: a quick copy that lacks it would
+                # start the grace again
+                progress, everyone = self._read_view(every_replica=memory.joiner_since is not None)
                 self._tell_job(everyone)
                 # a peer is alive while its progress is; one that says it left is gone now
                 peers = {pid: rec for pid, rec in everyone.items()

@@ -207,6 +207,28 @@ def decide(memory: Memory, view: View, now: float, policy: Policy) -> tuple[Memo
     return new, actions
 
 
+#: how far past a timer's threshold :func:`next_due` wakes the shell (decide() compares with ">")
+DUE_MARGIN_S = 0.05
+
+
+def next_due(memory: Memory, now: float, policy: Policy) -> float | None:
+    """The earliest time after ``now`` at which a timer in ``memory`` matures, or None.
+
+    A peer missing for ``replan_grace_s``, a stall for ``stall_replan_s``, a joiner for ``join_grace_s``, a
+    degraded link for ``link_replan_s``, the finish deadline: the shell's next tick comes no later than this,
+    so a grace lasts what it says and not up to a whole read period more.
+    """
+    due = [t + policy.replan_grace_s for t in memory.missing_since.values()]
+    due += [t + policy.stall_replan_s for t in memory.stalled_since.values()]
+    due += [t + policy.link_replan_s for t in memory.degraded_since.values()]
+    if memory.joiner_since is not None:
+        due.append(memory.joiner_since + policy.join_grace_s)
+    if memory.finish_deadline is not None:
+        due.append(memory.finish_deadline)
+    later = [t + DUE_MARGIN_S for t in due if t + DUE_MARGIN_S > now]
+    return min(later, default=None)
+
+
 # -- the rules, each a plain function of the plan and what the peers report ---------------------------------
 def stalled(plan: JobPlan, progress: Mapping[str, ProgressRecord]) -> set[str]:
     """The plan's peers whose progress under this plan version says :attr:`PeerStatus.STALLED`."""

@@ -67,9 +67,9 @@ class NewsWaiter:
             self.received += 1
         self._news.set()
 
-    def wait(self) -> bool:
-        """Pause until the next read is due; False once ``stop`` is set."""
-        self.had_news = self._news.wait(self.poll_s)
+    def wait(self, at_most_s: float | None = None) -> bool:
+        """Pause until the next read is due (``poll_s``, or ``at_most_s`` when sooner); False once ``stop`` is set."""
+        self.had_news = self._news.wait(self.poll_s if at_most_s is None else max(0.0, min(self.poll_s, at_most_s)))
         gap = self.min_gap_s - (time.monotonic() - self._last)
         if gap > 0:
             self.stop.wait(gap)  # news faster than this is merged into one read

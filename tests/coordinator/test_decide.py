@@ -23,6 +23,7 @@ from geotrain.coordinator.decide import (
     StateLost,
     View,
     decide,
+    next_due,
     restart_step,
 )
 from geotrain.plan import JobPlan, StageSlot
@@ -123,6 +124,27 @@ def test_a_burst_of_joiners_costs_one_replan_after_the_join_grace() -> None:
     assert w.tick(5.5, joiners=["E", "F"]) == [Replan("join", 20)]  # ... nor cost a second plan
     assert w.memory.joiner_since is None
     assert w.tick(6.0) == []
+
+
+def test_the_next_tick_comes_when_a_grace_ends_not_a_read_period_later() -> None:
+    """A shell that waits for ``next_due`` acts on each timer at its threshold, however long its read period."""
+    w = Watch(plan())
+    assert next_due(w.memory, 0.0, POLICY) is None  # nothing pending: the read period decides
+    assert w.tick(0.0, joiners=["E"]) == []
+    due = next_due(w.memory, 0.0, POLICY)
+    assert due is not None and 5.0 < due < 5.2  # the join grace, just past its threshold
+    assert w.tick(due, joiners=["E"]) == [Replan("join", 20)]
+    assert next_due(w.memory, due, POLICY) is None
+    # a missing peer: the tick at its due time finds it dead; the earliest of several timers comes first
+    stuck = {**{p: rec(p) for p in "AB"}, "C": rec("C", status=PeerStatus.STALLED)}
+    w.tick(10.0, stuck, live="ABC")
+    due = next_due(w.memory, 10.0, POLICY)
+    assert due is not None and 13.0 < due < 13.2  # D's grace (3 s) before C's stall (10 s)
+    assert w.tick(due, stuck, live="ABC") == [Death("D"), Replan("death", 20)]
+    # a timer whose time has passed (its tick declined to act) never asks for a tick at once, again and again
+    late = Memory(joiner_since=0.0)
+    assert next_due(late, 30.0, POLICY) is None
+    assert next_due(Memory(finish_deadline=70.0), 30.0, POLICY) == 70.05
 
 
 def test_a_joiner_that_leaves_before_the_grace_costs_nothing() -> None:

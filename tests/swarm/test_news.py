@@ -21,6 +21,15 @@ def test_waiter_returns_on_poll_on_news_and_on_stop() -> None:
     assert not w.wait()  # stop ends the loop
 
 
+def test_a_due_timer_shortens_one_wait_and_only_that_one() -> None:
+    stop = threading.Event()
+    w = NewsWaiter(stop, poll_s=3600.0, min_gap_s=0.0)
+    assert w.wait(at_most_s=0.0) and not w.had_news  # would sit out the hour-long poll otherwise
+    assert w.wait(at_most_s=-5.0)  # a time already past: no wait, never a negative one
+    w.poke()
+    assert w.wait(at_most_s=7200.0) and w.had_news  # news still ends a wait at once
+
+
 def test_a_burst_of_news_is_merged_into_reads_at_most_every_min_gap() -> None:
     stop = threading.Event()
     w = NewsWaiter(stop, poll_s=30.0, min_gap_s=0.2)
