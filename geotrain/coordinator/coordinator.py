@@ -159,8 +159,9 @@ class Coordinator:
 
     def _until_due(self, memory: Memory) -> float | None:
         """Seconds until a timer of ``memory`` matures (:func:`next_due`), or None."""
-        due = next_due(memory, self._clock(), self._policy)
-        return None if due is None else due - self._clock()
+        now = self._clock()
+        due = next_due(memory, now, self._policy)
+        return None if due is None else due - now
 
     def _read_view(self, *, every_replica: bool = False) -> tuple[dict[str, ProgressRecord], dict[str, PeerRecord]]:
         """This job's progress records and the live peer records, read quietly.
@@ -169,9 +170,8 @@ class Coordinator:
         copy lacks a record of a plan peer (a death, or a replica that missed a write) from every
         replica, so a peer is never taken for dead on one replica's word; after a peer's news, or with
         ``every_replica``, from every replica at once (a joiner's first record may be on replicas the quick copy
-        is not). The progress records are the
-        liveness signal and are read every tick; the peer records (endpoints, keys, compute: they change
-        when a peer joins) only when a progress record names a peer the last copy lacks, or every
+        is not). The progress records are the liveness signal and are read every tick; the peer records
+        (endpoints, keys, compute: they change when a peer joins) only when a progress record names a peer the last copy lacks, or every
         ``peers_every_s``: half the coordinator's read bytes while nothing changes.
         """
         assert self.plan is not None
