@@ -39,7 +39,7 @@ import logging
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -282,9 +282,11 @@ class LocalRanks:
     def _everyone(self) -> list[int]:
         return list(range(1, self.size))
 
-    def _wait(self, work: Any, what: str, rank: int | None = None) -> None:
+    def _wait(self, start: Callable[[], Any], what: str, rank: int | None = None) -> None:
+        """Start a collective (``start`` returns its work) and wait for it. Both raise on a dead rank: gloo
+        posts a send or receive at once and fails on a closed connection there, before any wait."""
         try:
-            work.wait()
+            start().wait()
         except Exception as e:  # gloo/NCCL raise RuntimeError (a closed connection, a timeout)
             gone = self._gone(settle_s=2.0)
             if gone:
@@ -295,19 +297,19 @@ class LocalRanks:
     def _send(self, t: torch.Tensor, rank: int) -> None:
         t = t.detach().contiguous()
         self.bytes_moved += t.numel() * t.element_size()
-        self._wait(self._group.send([t], rank, 0), "send", rank)
+        self._wait(lambda: self._group.send([t], rank, 0), "send", rank)
 
     def _recv(
         self, shape: Sequence[int], dtype: torch.dtype, rank: int, device: torch.device
     ) -> torch.Tensor:
         t = torch.empty(tuple(shape), dtype=dtype, device=device)
-        self._wait(self._group.recv([t], rank, 0), "receive", rank)
+        self._wait(lambda: self._group.recv([t], rank, 0), "receive", rank)
         self.bytes_moved += t.numel() * t.element_size()
         return t
 
     def _barrier(self) -> None:
         self._tell(self._everyone(), {"op": "barrier"})
-        self._wait(self._group.barrier(), "barrier")
+        self._wait(self._group.barrier, "barrier")
 
     # -- the stage -------------------------------------------------------------------------------
     def build(
@@ -344,7 +346,7 @@ class LocalRanks:
             flat = torch.cat([p.detach().reshape(-1).float() for p in self._params])
         self._tell(self._everyone(), {"op": "params", "numel": flat.numel()})
         self.bytes_moved += flat.numel() * 4 * (self.size - 1)
-        self._wait(self._group.broadcast(flat, 0), "broadcast of parameters")
+        self._wait(lambda: self._group.broadcast(flat, 0), "broadcast of parameters")
 
     def reset(self) -> None:
         """A new step: helpers drop every graph they kept and their gradients."""
@@ -355,7 +357,7 @@ class LocalRanks:
         assert self._stage is not None, "build() first"
         flat = _flat_grads(self._params)
         self._tell(self._everyone(), {"op": "grads", "numel": flat.numel()})
-        self._wait(self._group.reduce(flat, 0), "reduce of gradients")
+        self._wait(lambda: self._group.reduce(flat, 0), "reduce of gradients")
         self.bytes_moved += flat.numel() * 4 * (self.size - 1)
         n = len(self._params)
         flags = flat[-n:]

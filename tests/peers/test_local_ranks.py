@@ -104,3 +104,18 @@ def test_a_dead_rank_is_a_local_rank_error_at_once_not_a_hang() -> None:
             assert not r.alive()
     finally:
         r.close()
+
+
+def test_a_rank_killed_between_the_command_and_the_transfer_is_a_local_rank_error() -> None:
+    # a kill that lands mid-step: the helper took its command, then died. gloo posts a send or receive at
+    # once and raises a bare RuntimeError on the closed connection, before any wait
+    r = LocalRanks(["cpu", "cpu"], timeout_s=600, threads=1).start()
+    try:
+        os.kill(r.pids()[0], signal.SIGKILL)
+        assert r._procs[0].wait(timeout=30) == -signal.SIGKILL
+        with pytest.raises(LocalRankError, match="local rank 1 is gone .*send failed"):
+            r._send(torch.zeros(4), 1)
+        with pytest.raises(LocalRankError, match="local rank 1 is gone .*receive failed"):
+            r._recv((4,), torch.float32, 1, torch.device("cpu"))
+    finally:
+        r.close()
