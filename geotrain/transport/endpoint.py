@@ -141,9 +141,8 @@ class Transport:
         self._origin_handlers: dict[str, OriginHandler] = {}
         self._handlers_lock = threading.Lock()  # guards registration (the I/O thread only reads the dicts)
         self._rpc_waiting: set[str] = set()
-        self._job: str | None = None
-        self._past_jobs: set[str] = set()
-        self._min_plan = 0
+        # (job, lowest plan version, jobs left): replaced whole by set_context, read by the I/O thread's filter
+        self._context: tuple[str | None, int, frozenset[str]] = (None, 0, frozenset())
         self._stats = TransportStats()
         self._stats_lock = threading.Lock()
         self._meter = InboundMeter()  # passive link figures from stamped messages (under _stats_lock)
@@ -263,11 +262,11 @@ class Transport:
         joined yet is kept (bounded by ``limits.max_buffered_bytes``): a
         neighbour may switch to a new job a moment before this peer does.
         """
-        if self._job is not None and job != self._job:
-            self._past_jobs.add(self._job)
-        self._job = job
-        self._min_plan = plan_version
-        with self._mail_cv:
+        with self._mail_cv:  # one writer at a time; the I/O thread sees the old context or the new one, whole
+            current, _, past = self._context
+            if current is not None and job != current:
+                past = past | {current}
+            self._context = (job, plan_version, past)
             for key in list(self._mail):
                 kept = collections.deque(m for m in self._mail[key] if self._fresh(m.header))
                 self._mail_bytes -= sum(m.nbytes for m in self._mail[key]) - sum(m.nbytes for m in kept)
@@ -331,7 +330,9 @@ class Transport:
         frames = msgcodec.encode(msg, sender=self.peer_id, codec=codec, rpc=rpc)
         nbytes = sum(memoryview(f).nbytes for f in frames)
         now = time.monotonic()
-        remote = self._remotes.get(peer_id)
+        # the one read of ``_remotes`` off the I/O thread (its only writer): one dict lookup and the entry's
+        # region, a str the I/O thread replaces whole; both single operations under the interpreter lock
+        remote = self._remotes.get(peer_id) if self._emulator is not None else None
         delay = 0.0
         if self._emulator is not None and remote is not None:
             delay = self._emulator.before_send(remote.region, nbytes)
@@ -418,11 +419,12 @@ class Transport:
 
     # -- internals: mailbox -----------------------------------------------------------------------
     def _fresh(self, h: Header) -> bool:
-        if self._job is None or h.job == "":
+        job, min_plan, past = self._context
+        if job is None or h.job == "":
             return True
-        if h.job == self._job:
-            return h.plan >= self._min_plan
-        return h.job not in self._past_jobs
+        if h.job == job:
+            return h.plan >= min_plan
+        return h.job not in past
 
     def _take(self, kind: str, tag: tuple[Any, ...] | None, deadline: float) -> _Inbound:
         with self._mail_cv:
