@@ -54,31 +54,10 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
     marker = item.get_closest_marker("timeout")
     limit = float(marker.args[0]) if marker and marker.args else float(item.config.getini("timeout") or 0)
-    flaky = item.get_closest_marker("flaky")
-    attempts = 1 + int(flaky.kwargs.get("reruns", 0)) if flaky else 1
     if limit > 0:
-        faulthandler.dump_traceback_later(limit * attempts + 120.0, exit=True)
+        faulthandler.dump_traceback_later(limit + 120.0, exit=True)
     try:
         yield
     finally:
         if limit > 0:
             faulthandler.cancel_dump_traceback_later()
-
-
-_RERUNS: list[tuple[str, str]] = []
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Keep the error of every attempt that a rerun replaced: a rerun that passes must not hide its cause."""
-    if report.outcome == "rerun":
-        _RERUNS.append((report.nodeid, report.longreprtext[-4000:]))
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """After the run: each rerun test's first error (its last 4,000 characters)."""
-    if not _RERUNS:
-        return
-    terminalreporter.section("errors of attempts that were rerun")
-    for nodeid, text in _RERUNS:
-        terminalreporter.write_line(f"--- {nodeid}")
-        terminalreporter.write_line(text)

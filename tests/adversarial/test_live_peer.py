@@ -36,8 +36,7 @@ from geotrain.transport.wire import check_frame_count, split_tensors, unpack_hea
 from tests.adversarial.live import CoordinatorThread, read_progress, tiny_job
 from tests.swarm.helpers import RawClient, nested_tuple_bytes
 
-# a live peer under attack on a loaded 2-core box (libp2p dials can back off): one rerun, not a bug mask
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300), pytest.mark.flaky(reruns=1)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 
 STEPS = 1200  # ~5-30 ms each here: long enough to attack a step the victim has not reached
 AHEAD = 500  # progress comes every 2 s: the step read before the attack may be a few hundred steps old

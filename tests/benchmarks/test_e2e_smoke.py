@@ -17,9 +17,7 @@ import pytest
 
 from benchmarks import e2e
 
-# four contenders' process groups; hivemind.Optimizer (a baseline) sometimes forms no group on a loaded 2-core
-# box and makes no step in the smoke budget: one rerun
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240), pytest.mark.flaky(reruns=1)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
 
 
 def _lines(out: str) -> list[dict]:

@@ -16,8 +16,7 @@ from geotrain.testing.swarm import start_local_swarm
 from geotrain.transport import Message, Transport, TransportConfig
 from tests.coordinator.test_job_e2e import tiny_job
 
-# a whole job of several processes on a loaded 2-core box: one rerun absorbs a scheduling hiccup, not a bug
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240), pytest.mark.flaky(reruns=1)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
 
 
 def test_members_train_and_outsider_is_refused(children: ChildGroup, tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from geotrain.config import job_from_dict
 from geotrain.peers.statestore import StateStore
 from geotrain.testing.procs import ChildGroup
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300), pytest.mark.flaky(reruns=1)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 
 JOB_ID = "mixed-devices"
 STEPS, EVERY = 10, 5

@@ -33,7 +33,6 @@ def test_benchmark_smoke_dp_and_geotrain(capsys: pytest.CaptureFixture[str]) -> 
 
 
 @pytest.mark.multiprocess
-@pytest.mark.flaky(reruns=1)  # hivemind's averager matchmaking sometimes stalls on a loaded 2-core box
 def test_benchmark_smoke_hivemind() -> None:
     # In a child process with a hard deadline: a stalled hivemind averager leaves threads that no timeout in
     # this process can stop (the benchmark's thread pool then waits on them forever); a child is killed.
