@@ -102,7 +102,7 @@ def _multi_donor_fetch(plan: Any, stores: dict[str, Any], step: int, blocks: tup
     both at once."""
     import contextlib
 
-    from geotrain.peers.state import digest, fetch_state, serve_state
+    from geotrain.sync.state import digest, fetch_state, serve_state
     from geotrain.testing.faultproxy import Fault, FaultProxy, FaultProxyConfig
     from geotrain.transport import Transport, TransportConfig
 
@@ -134,8 +134,8 @@ def run_preset(preset: str, *, every: int, micro_batch: int, microbatches: int, 
                link_mbit: float = 100.0) -> dict[str, Any]:
     import dataclasses
 
-    from geotrain.peers.state import digest, fetch_state, serve_state
     from geotrain.peers.statestore import StateStore
+    from geotrain.sync.state import digest, fetch_state, serve_state
     from geotrain.transport import Transport, TransportConfig
 
     job = _job(preset, every, micro_batch, microbatches)

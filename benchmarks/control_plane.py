@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from geotrain.emulate.commands import NS_PREFIX
-from geotrain.testing.procs import Child, ChildGroup
+from geotrain.local.procs import Child, ChildGroup
 
 DHT_BASE = 40000  # DHT ports: DHT_BASE + i (the bootstrap at DHT_BASE + 999)
 DATA_BASE = 41000  # data-plane ports: DATA_BASE + i (the coordinator at DATA_BASE + 999)

@@ -207,7 +207,7 @@ def _run_threads(args: argparse.Namespace, model: Any, layers: list[tuple[int, i
 
 
 def _run_processes(args: argparse.Namespace, layers: list[tuple[int, int]], total: int) -> list[list[dict[str, Any]]]:
-    from geotrain.testing.procs import ChildGroup
+    from geotrain.local.procs import ChildGroup
     from geotrain.transport import Message, Transport, TransportConfig
 
     n = len(layers)

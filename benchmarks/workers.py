@@ -111,8 +111,8 @@ def run_workers(job: Any, *, pipelines: int, stages: int, device: str) -> dict[s
 
 def run_baseline(job: Any, *, device: str, steps: int) -> dict[str, Any]:
     """One plain loop: the whole model, the same batch size per step, AdamW."""
+    from geotrain.data.job import dataset_for
     from geotrain.models import build_stage
-    from geotrain.peers.worker import dataset_for
 
     model = job.model.block_model(job.job.seed)
     full = build_stage(model, (0, model.num_blocks), job.job.seed).to(device)

@@ -4,7 +4,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from geotrain.testing.procs import ChildGroup
+from geotrain.local.procs import ChildGroup
 from geotrain.transport import Transport, TransportConfig
 
 

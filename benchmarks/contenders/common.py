@@ -104,8 +104,8 @@ class Setup:
 
     def __init__(self, spec: WorkerSpec, rank: int) -> None:
         from geotrain.config import job_from_dict
+        from geotrain.data.job import dataset_for
         from geotrain.models import build_stage
-        from geotrain.peers.worker import dataset_for
 
         torch.set_num_threads(1)  # one core's worth per peer, as geotrain peers get (--threads 1)
         self.spec, self.rank = spec, rank

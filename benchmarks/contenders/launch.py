@@ -14,7 +14,7 @@ A *network* is where the contenders' peers live:
 
 :class:`Procs` starts ``python -m MODULE ...`` children in a region (their own
 process group, stdin kept open for the start barrier) with the tests'
-:class:`~geotrain.testing.procs.ChildGroup`: JSON lines collected, events
+:class:`~geotrain.local.procs.ChildGroup`: JSON lines collected, events
 waited on with timeouts, every child ended on close.
 """
 
@@ -27,14 +27,14 @@ import subprocess
 from collections.abc import Sequence
 from typing import Any
 
-from geotrain.testing.procs import Child, ChildGroup
+from geotrain.local.procs import Child, ChildGroup
 
 logger = logging.getLogger(__name__)
 
 COUNTER_TIMEOUT_S = 10.0
 
 
-Proc = Child  # one child and the JSON events it printed (geotrain.testing.procs)
+Proc = Child  # one child and the JSON events it printed (geotrain.local.procs)
 
 
 class Procs(ChildGroup):

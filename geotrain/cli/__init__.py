@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _die_with_parent() -> None:
-    """``GEOTRAIN_PARENT_PID`` (set by geotrain.testing's ChildGroup, e.g. for the demo's peers): end
+    """``GEOTRAIN_PARENT_PID`` (set by geotrain.local's ChildGroup, e.g. for the demo's peers): end
     this process when that parent dies, even if it was killed outright and reaped nothing (Linux)."""
     parent = os.environ.get("GEOTRAIN_PARENT_PID")
     if not parent or not sys.platform.startswith("linux"):

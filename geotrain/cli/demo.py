@@ -97,8 +97,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     from geotrain.cli.run import print_summary, run_coordinator
     from geotrain.config import job_from_dict
-    from geotrain.testing.procs import ChildGroup
-    from geotrain.testing.swarm import start_local_swarm
+    from geotrain.local.procs import ChildGroup
+    from geotrain.local.swarm import start_local_swarm
 
     if args.peers < 2:
         print("geotrain demo: --peers must be >= 2", file=sys.stderr)

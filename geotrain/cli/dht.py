@@ -40,8 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from geotrain.peers.identity import Identity
     from geotrain.swarm import Swarm, SwarmConfig
+    from geotrain.swarm.identity import Identity
     from geotrain.transport.addresses import parse_host_list
 
     stop = threading.Event()

@@ -93,9 +93,9 @@ def _run(args: argparse.Namespace) -> int:
 
     from geotrain.errors import ConfigError, GeotrainError
     from geotrain.peers.agent import AgentConfig, PeerAgent
-    from geotrain.peers.identity import Identity
     from geotrain.peers.ranks import resolve_devices
     from geotrain.swarm import Swarm, SwarmConfig
+    from geotrain.swarm.identity import Identity
     from geotrain.transport import Transport, TransportConfig
 
     try:

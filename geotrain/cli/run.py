@@ -96,8 +96,8 @@ def run_coordinator(
     """Run one job to its end and return the report (used by ``geotrain run`` and ``geotrain demo``)."""
     from geotrain.config import load_job
     from geotrain.coordinator import Coordinator, CoordinatorConfig
-    from geotrain.peers.identity import Identity
     from geotrain.swarm import Swarm, SwarmConfig
+    from geotrain.swarm.identity import Identity
     from geotrain.transport import Transport, TransportConfig
 
     if job is None and job_path is None:

@@ -30,7 +30,7 @@ def write_run_model(run_dir: str | Path, job: JobSpec, state: Any) -> Path:
     """Write ``job.json``, ``model.safetensors`` and ``tokenizer/`` for ``state`` (a StageState of the whole model)."""
     from safetensors.torch import save_file
 
-    from geotrain.peers.worker import dataset_for
+    from geotrain.data.job import dataset_for
 
     out = Path(run_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -18,8 +18,8 @@ import torch
 from geotrain.config import JobSpec
 from geotrain.errors import StateTransferError
 from geotrain.models import build_stage
-from geotrain.peers.state import StageState, fetch_state
 from geotrain.plan import JobPlan
+from geotrain.sync.state import StageState, fetch_state
 from geotrain.transport import Transport
 
 logger = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 @torch.no_grad()
 def validation_loss(job: JobSpec, params: dict[str, torch.Tensor] | None = None) -> float:
     """Mean token loss of the whole model (seeded, or with ``params`` loaded) on the validation batches."""
-    from geotrain.peers.worker import dataset_for
+    from geotrain.data.job import dataset_for
 
     seed = job.job.seed
     model = job.model.block_model(seed)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from geotrain.config import JobSpec
+from geotrain.data.job import check_peer_data
 from geotrain.errors import ConfigError, GeotrainError
 
 __all__ = ["PreparedJob", "prepare_job", "check_peer_data"]
@@ -182,20 +183,3 @@ def _check_batches(job: JobSpec, dataset: Any, errors: list[str]) -> None:
         dataset.val_batches(batch_size=job.pipeline.micro_batch_size, seq_len=T, num_batches=job.report.eval_batches)
     except GeotrainError as e:
         errors.append(f"data (validation split): {e}")
-
-
-def check_peer_data(job: JobSpec, dataset: Any) -> None:
-    """A peer's own tokenizer and tokens against the resolved job's; ConfigError naming what differs."""
-    want_tok, want_data = job.data.tokenizer_digest, job.data.digest
-    tok = getattr(dataset, "tokenizer", None)
-    have_tok, have_data = getattr(tok, "digest", None), getattr(dataset, "digest", None)
-    if want_tok is not None and have_tok != want_tok:
-        raise ConfigError(
-            f"this peer's tokenizer ({job.data.tokenizer!r}, digest {str(have_tok)[:16]}...) differs from the job's "
-            f"(digest {want_tok[:16]}...); refusing to train: give this peer the same tokenizer files"
-        )
-    if want_data is not None and have_data != want_data:
-        raise ConfigError(
-            f"this peer's tokens of data.path {job.data.path!r} (digest {str(have_data)[:16]}...) differ from the "
-            f"job's (digest {want_data[:16]}...); refusing to train: give this peer the same corpus (--data-dir)"
-        )

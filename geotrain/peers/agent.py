@@ -225,7 +225,7 @@ class PeerAgent:
         from geotrain.sync.round import GroupRouter
 
         self._sync_router = GroupRouter(self.transport)
-        from geotrain.peers.state import serve_state
+        from geotrain.sync.state import serve_state
 
         stored = None
         if self.config.state_dir is not None:

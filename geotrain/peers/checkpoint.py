@@ -7,7 +7,7 @@ Layout::
     DIR/step-000120/b3-6.safetensors ...
 
 What is in a shard file? Tensors by name: ``p:<param>`` the group's global parameters, ``o:<param>`` its
-outer momentum, and the writer's *local* state (:class:`~geotrain.peers.state.StageState`):
+outer momentum, and the writer's *local* state (:class:`~geotrain.sync.state.StageState`):
 ``e:<start>-<end>:<role>:<fragment>`` error-feedback residuals and ``a:<param>:<what>`` inner optimizer
 (AdamW) state. safetensors holds tensors and strings only: loading a shard runs no code. Its header
 metadata repeats job id, blocks, round and step, so a lone file still says what it is.
@@ -37,7 +37,7 @@ from safetensors.torch import save as st_save
 
 from geotrain.data.disk import write_atomic
 from geotrain.errors import CheckpointError, CheckpointWriteError
-from geotrain.peers.state import StageState, block_of
+from geotrain.sync.state import StageState, block_of
 
 logger = logging.getLogger(__name__)
 

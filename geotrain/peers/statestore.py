@@ -3,7 +3,7 @@
 What is a *shard*? What this peer holds of one block range (one stage group of this peer) as of one
 checkpoint step, in one safetensors file (:mod:`geotrain.peers.checkpoint`): the group's global
 parameters and outer momentum, which every member of the group holds alike, and this peer's own local
-state (error-feedback residuals, inner optimizer moments; see :class:`~geotrain.peers.state.StageState`).
+state (error-feedback residuals, inner optimizer moments; see :class:`~geotrain.sync.state.StageState`).
 Every peer writes the shards of the blocks it holds, so each block lives on every member of its stage
 group; nothing is written to a shared disk.
 
@@ -49,8 +49,8 @@ from typing import Any
 from geotrain.errors import CheckpointError
 from geotrain.peers import checkpoint
 from geotrain.peers.remote import RemoteStore
-from geotrain.peers.state import StageState
 from geotrain.swarm.records import ShardReport
+from geotrain.sync.state import StageState
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ Built when a peer adopts a plan. Where the initial (global) weights come from, i
 2. the shared checkpoint directory named by the plan (``--resume DIR``), for a peer new to the job;
 3. for a peer holding nothing of the job yet past step 0: its own state directory's checkpoint of the plan's
    resume (or start) step (:class:`~geotrain.peers.statestore.StateStore`, verified);
-4. the plan's other peers (:func:`~geotrain.peers.state.fetch_state`): those that
+4. the plan's other peers (:func:`~geotrain.sync.state.fetch_state`): those that
    held these blocks in the previous plan first, then the fastest measured
    links; every reply verified by size and SHA-256; pieces gathered from several;
    on a resume only state of the resume step, served from memory or the donors' state directories;
@@ -24,7 +24,7 @@ Peer-held checkpoints: after every ``checkpoint.every_rounds`` rounds the worker
 (:meth:`StageWorker.state` clones) and hands it to its store, which writes one shard per stage group on
 its own thread; ``checkpoint_s`` counts only the step thread's part (the copy, and a wait when the
 previous checkpoint is still being written). A checkpoint holds the group's global state and this peer's
-*local* state (:class:`~geotrain.peers.state.StageState`): its error-feedback residuals and its inner
+*local* state (:class:`~geotrain.sync.state.StageState`): its error-feedback residuals and its inner
 optimizer's moments, so a peer resumed from its own state directory at the same place in the plan
 (pipeline, number of pipelines, stage) continues bit-identically; the data position is the step itself.
 The first member of each stage group (its leader) also uploads the group's shard to ``checkpoint.remote``.
@@ -46,36 +46,20 @@ from typing import Any
 import torch
 
 from geotrain.config import JobSpec
+from geotrain.data.job import dataset_for
 from geotrain.errors import CheckpointError, ConfigError, StateLostError, StateTransferError
 from geotrain.models import build_stage
 from geotrain.peers.probe import answering
-from geotrain.peers.state import StageState, block_of, digest, fetch_state
 from geotrain.peers.statestore import StateStore
 from geotrain.pipeline import StageConfig, StageRuntime
 from geotrain.pipeline.lr import LRSchedule
 from geotrain.plan import JobPlan, SyncGroup
 from geotrain.swarm.records import LinkMeasurement
 from geotrain.sync import DiLoCoConfig, DiLoCoSync, GroupRouter, Member, StaticMembership
+from geotrain.sync.state import StageState, block_of, digest, fetch_state
 from geotrain.transport import Transport
 
 logger = logging.getLogger(__name__)
-
-_datasets: dict[Any, Any] = {}
-
-
-def dataset_for(job: JobSpec) -> Any:
-    """The job's dataset, loaded once per process (every stage of this peer shares it), checked against the
-    resolved job's tokenizer and token digests (:func:`~geotrain.coordinator.prepare.check_peer_data`)."""
-    from geotrain.coordinator.prepare import check_peer_data
-    from geotrain.data import build_dataset
-
-    key = job.data
-    if key not in _datasets:
-        ds = build_dataset(job.data.data_config())
-        check_peer_data(job, ds)
-        _datasets.clear()  # one job at a time: a new job's data replaces the last one's
-        _datasets[key] = ds
-    return _datasets[key]
 
 
 @dataclass

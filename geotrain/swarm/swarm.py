@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import ValidationError
 
 from geotrain.errors import BootstrapError, ConfigError, DHTTimeoutError, RecordError, SwarmError
-from geotrain.peers.identity import Identity, peer_id_from_public_key
+from geotrain.swarm.identity import Identity, peer_id_from_public_key
 from geotrain.swarm.msgpack_guard import install_decode_guard, scan_msgpack
 from geotrain.swarm.records import JobRecord, LinkRow, PeerRecord, PlanRecord, ProgressRecord, _Record
 from geotrain.swarm.schema import build_validators, dht_key

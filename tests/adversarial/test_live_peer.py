@@ -28,9 +28,9 @@ import pytest
 import zmq
 
 from geotrain.errors import ProtocolError
-from geotrain.peers.state import digest
-from geotrain.testing.procs import ChildGroup
-from geotrain.testing.swarm import LocalSwarm, start_local_swarm
+from geotrain.local.procs import ChildGroup
+from geotrain.local.swarm import LocalSwarm, start_local_swarm
+from geotrain.sync.state import digest
 from geotrain.transport import Limits, Message, Transport, TransportConfig
 from geotrain.transport.wire import check_frame_count, split_tensors, unpack_header
 from tests.adversarial.live import CoordinatorThread, read_progress, tiny_job

@@ -10,9 +10,9 @@ import torch
 from geotrain.cli.run import run_coordinator
 from geotrain.config import job_from_dict
 from geotrain.errors import PeerTimeoutError
+from geotrain.local.procs import ChildGroup
+from geotrain.local.swarm import start_local_swarm
 from geotrain.swarm.keys import generate_swarm_key
-from geotrain.testing.procs import ChildGroup
-from geotrain.testing.swarm import start_local_swarm
 from geotrain.transport import Message, Transport, TransportConfig
 from tests.coordinator.test_job_e2e import tiny_job
 

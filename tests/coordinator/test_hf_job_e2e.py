@@ -20,8 +20,8 @@ import torch
 from geotrain.cli import main as geotrain_main
 from geotrain.cli.run import run_coordinator
 from geotrain.config import job_from_dict
-from geotrain.testing.procs import ChildGroup
-from geotrain.testing.swarm import LocalSwarm, start_local_swarm
+from geotrain.local.procs import ChildGroup
+from geotrain.local.swarm import LocalSwarm, start_local_swarm
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(420)]
 

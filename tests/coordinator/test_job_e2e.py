@@ -14,9 +14,9 @@ import pytest
 from geotrain.cli.run import run_coordinator
 from geotrain.config import job_from_dict
 from geotrain.coordinator.report import REPORT_KEYS
+from geotrain.local.procs import Child, ChildGroup
+from geotrain.local.swarm import LocalSwarm, start_local_swarm
 from geotrain.plan import JobPlan
-from geotrain.testing.procs import Child, ChildGroup
-from geotrain.testing.swarm import LocalSwarm, start_local_swarm
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(240)]
 

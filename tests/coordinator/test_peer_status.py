@@ -20,9 +20,9 @@ from geotrain.coordinator.coordinator import Coordinator, CoordinatorConfig
 from geotrain.coordinator.decide import done, stalled
 from geotrain.coordinator.live import LiveView
 from geotrain.coordinator.metrics import status_name
-from geotrain.peers.identity import Identity
 from geotrain.plan import JobPlan, StageSlot
 from geotrain.swarm import Swarm, SwarmConfig
+from geotrain.swarm.identity import Identity
 from geotrain.swarm.records import LEGACY_STATUS_CODES, PeerStatus, ProgressRecord
 from tests.swarm.test_records import chain, make_record, owner  # noqa: F401 (fixtures)
 

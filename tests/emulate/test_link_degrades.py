@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from geotrain.emulate import Emulation, EmulationConfig, topology_from_dict
-from geotrain.testing.procs import ChildGroup
+from geotrain.local.procs import ChildGroup
 from tests.emulate.support import requires_netns
 
 pytestmark = [pytest.mark.netns, pytest.mark.multiprocess, pytest.mark.timeout(420), requires_netns]

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from geotrain.local.procs import ChildGroup
 from geotrain.swarm.keys import generate_swarm_key
-from geotrain.testing.procs import ChildGroup
 from geotrain.transport.addresses import DIAL_BACK, split_endpoint
 from tests.emulate.nat_net import ADDR, NatNet, nat_unavailable
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from geotrain.peers.checkpoint import save_group
-from geotrain.peers.state import StageState
+from geotrain.sync.state import StageState
 
 
 def emit(**fields: object) -> None:

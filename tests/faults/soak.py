@@ -26,10 +26,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from geotrain.local.procs import Child, ChildGroup
+from geotrain.local.swarm import start_local_swarm
 from geotrain.swarm import Swarm, SwarmConfig
 from geotrain.swarm.records import PeerStatus
-from geotrain.testing.procs import Child, ChildGroup
-from geotrain.testing.swarm import start_local_swarm
 
 TOKENS_PER_STEP = 4 * 2 * 32  # micro_batch_size x microbatches x seq_len (tiny), per pipeline
 

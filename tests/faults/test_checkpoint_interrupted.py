@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from geotrain.local.procs import ChildGroup
 from geotrain.peers import checkpoint
-from geotrain.peers.state import digest
-from geotrain.testing.procs import ChildGroup
+from geotrain.sync.state import digest
 from tests.faults.ckpt_writer import group_state
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]

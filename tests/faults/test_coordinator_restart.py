@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from geotrain.local.procs import ChildGroup
+from geotrain.local.swarm import start_local_swarm
 from geotrain.swarm import Swarm, SwarmConfig
-from geotrain.testing.procs import ChildGroup
-from geotrain.testing.swarm import start_local_swarm
 from tests.adversarial.live import read_progress
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(400)]  # 61 s idle, 75 s beside two busy loops

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from geotrain.testing.procs import Child, ChildGroup
+from geotrain.local.procs import Child, ChildGroup
 from tests.swarm.helpers import dead_maddr, listening_tcp_ports, session_pids, wait_until
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]

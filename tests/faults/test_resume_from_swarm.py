@@ -40,10 +40,10 @@ from typing import Any
 import pytest
 
 from geotrain.config import load_job
+from geotrain.local.procs import Child, ChildGroup
 from geotrain.peers import checkpoint
-from geotrain.peers.state import StageState, digest
 from geotrain.peers.statestore import StateStore
-from geotrain.testing.procs import Child, ChildGroup
+from geotrain.sync.state import StageState, digest
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]  # ~1.5-3 min each on a loaded box
 

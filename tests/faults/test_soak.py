@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from geotrain.testing.procs import ChildGroup
+from geotrain.local.procs import ChildGroup
 from tests.faults.soak import run_soak
 
 pytestmark = pytest.mark.multiprocess

@@ -15,8 +15,8 @@ import signal
 
 import pytest
 
+from geotrain.local.procs import ChildGroup
 from geotrain.sync import Member, RoundId, RoundRoles
-from geotrain.testing.procs import ChildGroup
 from geotrain.transport import Message, Transport, TransportConfig
 
 # four processes, one round deadline D. Each phase of a round has a fraction of D from each member's own
@@ -76,4 +76,6 @@ def test_member_frozen_past_the_deadline_catches_up_without_diverging(children: 
     # nobody diverged: the frozen member holds the same global weights after each round
     for r in range(3):
         shas = {pid: rounds[pid][r]["global_sha"] for pid in rounds}
-        assert len(set(shas.values())) == 1, (r, shas, rounds[victim])
+        assert len(set(shas.values())) == 1, (r + 1, victim, {
+            p: [(x["round"], x["committed"], x["contributors"], x["reason"], round(x["seconds"], 2), x["global_sha"][:8])
+                for x in rounds[p]] for p in rounds})

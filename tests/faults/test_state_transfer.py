@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from geotrain.errors import StateTransferError
-from geotrain.peers.state import KIND, StageState, digest, fetch_state, serve_state
+from geotrain.sync.state import KIND, StageState, digest, fetch_state, serve_state
 from geotrain.testing.faultproxy import Fault, FaultProxy, FaultProxyConfig
 from geotrain.transport import Message, Transport
 

@@ -17,7 +17,7 @@ import pytest
 
 from geotrain.cli.run import run_coordinator
 from geotrain.config import job_from_dict
-from geotrain.testing.procs import ChildGroup
+from geotrain.local.procs import ChildGroup
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 
@@ -45,15 +45,21 @@ def test_two_rank_peers_train_and_a_dead_rank_takes_its_peer_out(children: Child
         "data": {"max_bytes": 1 << 20},
         "pipeline": {"stages": 1, "pipelines": 2, "micro_batch_size": 4, "microbatches": 2},
         "sync": {"every": 5, "codec": "int8"},
-        "stop": {"steps": 600},  # long enough that the kill lands mid-job on a fast machine too
+        # out of reach: the test stops the coordinator once the replanned job's model was evaluated (a fixed
+        # step count raced the kill and the replan against the job's end)
+        "stop": {"steps": 1_000_000},
         "checkpoint": {"allow_seed_restart": True},
         "swarm": {"min_peers": 3, "wait_peers_s": 120, "hop_timeout_s": 10, "round_timeout_s": 10},
-        "report": {"eval_batches": 2},
+        "report": {"eval_batches": 2, "eval_every": 50},
     })
     victim: list[str] = []
-    killed = threading.Event()
+    killed, replanned, done = threading.Event(), threading.Event(), threading.Event()
 
     def on_event(e: dict[str, Any]) -> None:
+        if e.get("event") == "replan" and killed.is_set():
+            replanned.set()
+        if e.get("event") == "validation" and replanned.is_set():
+            done.set()  # the coordinator ends its watch and writes the report (with a final evaluation)
         if e.get("event") != "progress" or killed.is_set():
             return
         # a two-rank peer the plan trains on (two pipelines of three peers: at least one of a and c), a few steps in
@@ -65,7 +71,7 @@ def test_two_rank_peers_train_and_a_dead_rank_takes_its_peer_out(children: Child
             os.kill(ready[by_id[training[0]]]["local_ranks"][0], signal.SIGKILL)
 
     report = run_coordinator(None, initial_peers=maddrs, job_id=JOB_ID, report_dir=tmp_path / "report",
-                             emit=on_event, job=job)
+                             emit=on_event, job=job, stop=done)
     assert killed.is_set(), "no two-rank peer trained"
     gone = peers[by_id[victim[0]]]
     error = gone.wait_event("error", timeout=60)

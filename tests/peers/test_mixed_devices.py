@@ -20,8 +20,8 @@ import torch
 
 from geotrain.cli.run import run_coordinator
 from geotrain.config import job_from_dict
+from geotrain.local.procs import ChildGroup
 from geotrain.peers.statestore import StateStore
-from geotrain.testing.procs import ChildGroup
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from geotrain.peers.state import KIND, StageState, digest, fetch_state, serve_state, split_by_size
+from geotrain.sync.state import KIND, StageState, digest, fetch_state, serve_state, split_by_size
 from geotrain.transport import Message, Transport
 
 JOB = "job-chunks"

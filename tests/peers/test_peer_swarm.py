@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from geotrain.testing.procs import ChildGroup
-from geotrain.testing.swarm import start_local_swarm
+from geotrain.local.procs import ChildGroup
+from geotrain.local.swarm import start_local_swarm
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]
 

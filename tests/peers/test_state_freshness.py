@@ -16,9 +16,9 @@ import torch
 
 from geotrain.config import JobSpec, job_from_dict
 from geotrain.errors import StateLostError, StateTransferError
-from geotrain.peers.state import StageState, digest, fetch_state, serve_state
 from geotrain.peers.worker import StageWorker
 from geotrain.plan import JobPlan, StageSlot
+from geotrain.sync.state import StageState, digest, fetch_state, serve_state
 from geotrain.transport import Transport
 
 JOB = "fresh"

@@ -15,9 +15,9 @@ from geotrain.coordinator.manifest import ManifestBook, latest_manifest, write_m
 from geotrain.errors import ConfigError
 from geotrain.peers import checkpoint
 from geotrain.peers.remote import RemoteStore
-from geotrain.peers.state import StageState, digest
 from geotrain.peers.statestore import Shard, StateStore
 from geotrain.swarm.records import ProgressRecord
+from geotrain.sync.state import StageState, digest
 from tests.swarm.test_records import chain, make_record, owner  # noqa: F401 (fixtures)
 
 

@@ -18,10 +18,10 @@ import torch
 from geotrain.config import JobSpec, job_from_dict
 from geotrain.errors import CheckpointError, CheckpointWriteError, SwarmError
 from geotrain.peers import checkpoint
-from geotrain.peers.state import StageState
 from geotrain.peers.worker import StageWorker
 from geotrain.plan import JobPlan, StageSlot
 from geotrain.sync import Member, Membership, RoundId
+from geotrain.sync.state import StageState
 from geotrain.transport import Transport, TransportConfig
 
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from geotrain.data import DataConfig, build_dataset
+from geotrain.local.procs import ChildGroup
 from geotrain.models import GPTConfig, HFModel, build_stage
-from geotrain.testing.procs import ChildGroup
 from geotrain.transport import Message, Transport, TransportConfig
 from tests.models.hf_util import write_config
 

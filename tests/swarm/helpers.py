@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from geotrain.peers.identity import Identity
+from geotrain.swarm.identity import Identity
 
 
 class RawClient:

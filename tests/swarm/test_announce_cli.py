@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from geotrain.testing.procs import ChildGroup
+from geotrain.local.procs import ChildGroup
 from geotrain.transport.addresses import is_unspecified, split_endpoint
 
 pytestmark = pytest.mark.multiprocess

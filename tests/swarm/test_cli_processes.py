@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from geotrain.peers.identity import Identity
+from geotrain.local.procs import ChildGroup
 from geotrain.swarm import LinkMeasurement, LinkRow, Swarm, SwarmConfig
-from geotrain.testing.procs import ChildGroup
+from geotrain.swarm.identity import Identity
 
 from .helpers import RawClient, listening_tcp_ports, nested_tuple_bytes, session_pids, wait_until
 from .test_swarm_dht import FAST, peer_record

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from geotrain.errors import ConfigError
-from geotrain.peers.identity import Identity, peer_id_from_public_key
+from geotrain.swarm.identity import Identity, peer_id_from_public_key
 
 
 def test_identity_is_created_private_and_stable(tmp_path: Path) -> None:

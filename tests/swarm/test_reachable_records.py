@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from geotrain.peers.identity import Identity
+from geotrain.swarm.identity import Identity
 from geotrain.swarm.records import DIAL_BACK, PeerRecord
 from tests.swarm.test_records import chain, make_record, owner, peer_record  # noqa: F401 (fixtures)
 

@@ -7,7 +7,7 @@ import time
 import pytest
 from pydantic import ValidationError
 
-from geotrain.peers.identity import Identity
+from geotrain.swarm.identity import Identity
 from geotrain.swarm.records import JobRecord, LinkMeasurement, LinkRow, PeerRecord, PlanRecord, ProgressRecord
 from geotrain.swarm.schema import build_validators, dht_key
 

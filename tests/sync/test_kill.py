@@ -6,8 +6,8 @@ import signal
 
 import pytest
 
+from geotrain.local.procs import ChildGroup
 from geotrain.sync import Member, RoundId, RoundRoles
-from geotrain.testing.procs import ChildGroup
 from geotrain.transport import Message, Transport, TransportConfig
 
 FLOOR = 2.0

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from geotrain.testing.procs import Child, ChildGroup
+from geotrain.local.procs import Child, ChildGroup
 
 
 @dataclass
