@@ -149,13 +149,11 @@ class Coordinator:
         if self.transport is not None and self.transport.config.curve is not None:
             self.transport.allow_clients({r.curve_public_key.encode() for r in peers.values() if r.curve_public_key})
 
-    def _announce(self, plan: JobPlan) -> None:
-        """News of a plan record just written: the plan's peers read it now instead of at their next poll."""
+    def _announce(self, plan: JobPlan, previous: JobPlan | None = None) -> None:
+        """News of a plan record just written (:func:`news_contacts` says to whom)."""
         if self.transport is None:
             return
-        contacts = [Contact(sl.peer, sl.endpoint, sl.region or None, sl.curve_public_key)
-                    for pipe in plan.pipelines for sl in pipe if sl.endpoint]
-        send_news(self.transport, contacts, PLAN_NEWS)
+        send_news(self.transport, news_contacts(plan, previous, self._run.seen_peers), PLAN_NEWS)
 
     def _until_due(self, memory: Memory) -> float | None:
         """Seconds until a timer of ``memory`` matures (:func:`next_due`), or None."""
@@ -353,9 +351,9 @@ class Coordinator:
         self.swarm.publish_plan(
             PlanRecord(job_id=self.config.job_id, version=version, plan=self._plan_wire(plan), published_at=time.time())
         )
-        self.plan = plan
+        previous, self.plan = self.plan, plan
         self._assumed = _fair_shares(plan, planner_json.get("hop_bandwidth_bps", []))
-        self._announce(plan)
+        self._announce(plan, previous)
         self._move_pointer()
         self._run.plans.append(
             {
@@ -820,6 +818,25 @@ class Coordinator:
         path = write_report(self.config.report_dir, report)
         self._emit({"event": "report", "path": str(path), "summary": summary})
         return report
+
+
+def news_contacts(plan: JobPlan, previous: JobPlan | None, records: dict[str, PeerRecord]) -> list[Contact]:
+    """Whom the news of ``plan`` goes to: its peers, its spares, and the ``previous`` plan's peers.
+
+    A peer the new plan moved out of the pipelines (a spare now, or not in the plan at all) must hear too:
+    until it reads the plan it trains on under the old one, and the new plan's members may be pulling their
+    state from it. Spares are reached through their peer records (``records``); a plan slot carries its own.
+    """
+    contacts: dict[str, Contact] = {}
+    for p in (plan, previous):
+        for sl in (sl for pipe in (p.pipelines if p is not None else ()) for sl in pipe):
+            if sl.endpoint and sl.peer not in contacts:
+                contacts[sl.peer] = Contact(sl.peer, sl.endpoint, sl.region or None, sl.curve_public_key)
+    for pid in plan.spares:
+        rec = records.get(pid)
+        if pid not in contacts and rec is not None and rec.endpoint:
+            contacts[pid] = Contact(pid, rec.endpoint, rec.region or None, rec.curve_public_key)
+    return list(contacts.values())
 
 
 def _fair_shares(plan: JobPlan, hops: list[list[Any]]) -> dict[tuple[str, str], float]:

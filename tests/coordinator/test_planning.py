@@ -97,3 +97,24 @@ def test_hops_that_cross_the_same_region_pair_are_held_to_their_share_of_its_lin
     assert shares[("A1", "B1")] == 4e6 and shares[("A2", "B2")] == 4e6  # two hops us -> eu split its link
     assert shares[("B2", "A2")] == 2e6  # ... and two eu -> us
     assert shares[("A3", "A4")] == 1e9  # inside a region: its own link
+
+
+def test_news_of_a_replan_reaches_the_peers_it_moved_out_and_its_spares() -> None:
+    # a peer of the old plan that is a spare in the new one trained on under the old plan for a whole watch
+    # period (30 s) without this, while the new plan's members pulled their state from it
+    from geotrain.coordinator.coordinator import news_contacts
+    from geotrain.plan import JobPlan, StageSlot
+
+    def slot(pid: str, start: int, end: int) -> StageSlot:
+        return StageSlot(peer=pid, start=start, end=end, endpoint=f"tcp://127.0.0.1:{ord(pid[-1])}", region="us")
+
+    old = JobPlan(job_id="j", version=1, num_blocks=2, pipelines=((slot("QmA", 0, 1), slot("QmB", 1, 2)),),
+                  spares=("QmC",))
+    new = JobPlan(job_id="j", version=2, num_blocks=2, pipelines=((slot("QmC", 0, 1), slot("QmD", 1, 2)),),
+                  spares=("QmA", "QmB", "QmE"))
+    records = {p: _peer(p, "us") for p in ("QmA", "QmB", "QmC", "QmD")}  # QmE: no record (yet): not reachable
+    told = {c.peer_id: c.endpoint for c in news_contacts(new, old, records)}
+    assert set(told) == {"QmA", "QmB", "QmC", "QmD"}
+    assert told["QmA"] == "tcp://127.0.0.1:65"  # the plan's own slot, not the record's address
+    assert {c.peer_id for c in news_contacts(new, None, records)} == {"QmA", "QmB", "QmC", "QmD"}  # spares too
+    assert {c.peer_id for c in news_contacts(old, None, {})} == {"QmA", "QmB"}
