@@ -59,7 +59,8 @@ def fetch_global(job: JobSpec, plan: JobPlan, transport: Transport, *, timeout: 
             key = sl.curve_public_key.encode() if sl.curve_public_key else None
             transport.connect(m, sl.endpoint, region=sl.region, curve_server_key=key)
         piece = fetch_state(
-            transport, group.members, job_id=plan.job_id, start=group.start, end=group.end, timeout=timeout
+            transport, group.members, job_id=plan.job_id, start=group.start, end=group.end, timeout=timeout,
+            plan_version=plan.version,
         )
         state = piece if state is None else state.merge(piece)
     if state is None:

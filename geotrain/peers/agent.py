@@ -238,7 +238,10 @@ class PeerAgent:
             def stored(job_id: str, start: int, end: int, step: int) -> Any:
                 return store.load(job_id, step, start, end)
 
-        serve_state(self.transport, lambda: self._locked("_worker"), lambda: self._locked("_last_state"), stored)
+        serve_state(self.transport, lambda: self._locked("_worker"), lambda: self._locked("_last_state"), stored,
+                    newer=self._heard_of_plan)
+        # a message stamped with a newer plan of our job: its sender read a plan we have not (lost news)
+        self.transport.on_newer_plan(self._plan_news.poke)
         serve_news(self.transport, PLAN_NEWS, self._plan_news)
         serve_news(self.transport, JOB_NEWS, self._plan_news)
         hb = self.swarm.start_heartbeat(make_record)
@@ -248,6 +251,13 @@ class PeerAgent:
             t.start()
             self._threads.append(t)
         return self._record
+
+    def _heard_of_plan(self, job_id: str, version: int) -> None:
+        """A state request says its asker follows plan ``version`` of ``job_id``: read the plan now if that is
+        newer than ours (a peer a replan moved out may not have heard of it; its state is being asked for)."""
+        plan = self._locked("_plan")
+        if plan is not None and plan.job_id == job_id and version > plan.version:
+            self._plan_news.poke()
 
     def local_rank_pids(self) -> list[int]:
         """Process ids of this peer's helper ranks (none without ``devices``)."""

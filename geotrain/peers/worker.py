@@ -322,7 +322,7 @@ class StageWorker:
                 timeout=self.job.swarm.round_timeout_s, step=want_step,
                 min_step=self.plan.start_step if want_step is None else None,
                 sizes={n: p.numel() for n, p in self.stage.named_parameters()},
-                parallel=_parallel_donors(donors, likely, links),
+                parallel=_parallel_donors(donors, likely, links), plan_version=self.plan.version,
             )
             self.state_source = "peers"
             return got

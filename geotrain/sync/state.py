@@ -139,8 +139,13 @@ def serve_state(
     current: Callable[[], Any],
     previous: Callable[[], StageState | None],
     stored: Callable[[str, int, int, int], StageState | None] | None = None,
+    newer: Callable[[str, int], None] | None = None,
 ) -> None:
     """Answer ``state.get`` from the current worker's state, topped up with blocks this peer held before.
+
+    ``newer(job_id, plan_version)`` is told the plan a request says its asker follows, before the answer:
+    a peer that has not read that plan yet (its news was lost) reads it now. The answer is what this peer
+    holds either way; the asker verifies it and refuses a stale one (``min_step``).
 
     After a replan a peer may hold other blocks than it did; a joiner that
     needs the old ones still gets them from here. A request that names a
@@ -157,6 +162,9 @@ def serve_state(
             return Message(kind=KIND + ".err", meta={"error": "bad request"})
         if step is not None and not isinstance(step, int):
             return Message(kind=KIND + ".err", meta={"error": "bad request"})
+        plan_version = meta.get("plan_version")
+        if newer is not None and type(plan_version) is int:
+            newer(job_id, plan_version)
         names = meta.get("names")
         if names is not None and (not isinstance(names, list) or len(names) > MAX_NAMES
                                   or not all(isinstance(n, str) for n in names)):
@@ -214,6 +222,7 @@ def fetch_state(
     min_step: int | None = None,
     sizes: Mapping[str, int] | None = None,
     parallel: int = 1,
+    plan_version: int | None = None,
 ) -> StageState:
     """Gather blocks ``[start, end)`` from donors, best first, until every name in ``need`` is held.
 
@@ -232,13 +241,17 @@ def fetch_state(
     chunks are kept only from donors of the best donor's round, step and whole-piece hash, and the
     assembled state must hash to it: one donor's state, verified whole, fetched over several links. If
     that cannot be had, donors are asked one at a time as without ``parallel``.
+
+    ``plan_version``: the plan the asker follows, told to each donor (a donor that has not read that plan
+    yet reads it now: :func:`serve_state`'s ``newer``).
     """
     need = list(need)
     donors = list(donors)
     if parallel > 1 and need and sizes and have is None and len(donors) > 1 and len(need) > 1:
         try:
             return _fetch_chunked(transport, donors, job_id=job_id, start=start, end=end, need=need, sizes=sizes,
-                                  timeout=timeout, step=step, min_step=min_step, parallel=parallel)
+                                  timeout=timeout, step=step, min_step=min_step, parallel=parallel,
+                                  plan_version=plan_version)
         except StateTransferError as e:
             logger.info("blocks [%d, %d): chunked fetch failed (%s); asking one donor at a time", start, end, e)
     state = have
@@ -247,7 +260,7 @@ def fetch_state(
         if state is not None and (state.covers(need) if need else state.params):
             break
         got_or_error = _ask(transport, donor, job_id=job_id, start=start, end=end, timeout=timeout, step=step,
-                            min_step=min_step)
+                            min_step=min_step, plan_version=plan_version)
         if isinstance(got_or_error, str):
             errors.append(got_or_error)
             continue
@@ -277,12 +290,14 @@ class _Reply:
 
 def _ask(
     transport: Transport, donor: str, *, job_id: str, start: int, end: int, timeout: float, step: int | None,
-    min_step: int | None, names: list[str] | None = None,
+    min_step: int | None, names: list[str] | None = None, plan_version: int | None = None,
 ) -> _Reply | str:
     """Ask ``donor`` for blocks ``[start, end)`` (only ``names``, if given); a verified reply, or why not."""
     ask: dict[str, Any] = {"job_id": job_id, "start": start, "end": end}
     if step is not None:
         ask["step"] = step
+    if plan_version is not None:
+        ask["plan_version"] = plan_version
     if names is not None:
         ask["names"] = names
     try:
@@ -324,6 +339,7 @@ def split_by_size(names: list[str], sizes: Mapping[str, int], parts: int) -> lis
 def _fetch_chunked(
     transport: Transport, donors: list[str], *, job_id: str, start: int, end: int, need: list[str],
     sizes: Mapping[str, int], timeout: float, step: int | None, min_step: int | None, parallel: int,
+    plan_version: int | None = None,
 ) -> StageState:
     import concurrent.futures
 
@@ -334,7 +350,7 @@ def _fetch_chunked(
 
     def ask(i: int, d: int) -> _Reply | str:
         return _ask(transport, donors[d], job_id=job_id, start=start, end=end, timeout=timeout, step=step,
-                    min_step=min_step, names=chunks[i])
+                    min_step=min_step, names=chunks[i], plan_version=plan_version)
 
     def next_donor(i: int) -> int | None:
         # chunk i starts at donor i (the chunks spread over the best donors), then the others in order

@@ -143,6 +143,7 @@ class Transport:
         self._rpc_waiting: set[str] = set()
         # (job, lowest plan version, jobs left): replaced whole by set_context, read by the I/O thread's filter
         self._context: tuple[str | None, int, frozenset[str]] = (None, 0, frozenset())
+        self._on_newer_plan: Callable[[], None] | None = None  # set once, before traffic; called by the I/O thread
         self._stats = TransportStats()
         self._stats_lock = threading.Lock()
         self._meter = InboundMeter()  # passive link figures from stamped messages (under _stats_lock)
@@ -274,6 +275,12 @@ class Transport:
                     self._mail[key] = kept
                 else:
                     del self._mail[key]  # a key in the mailbox always has a message (eviction relies on it)
+
+    def on_newer_plan(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (on the I/O thread: it must be quick) whenever a message of this peer's job arrives
+        stamped with a plan version above :meth:`set_context`'s: its sender follows a plan this peer has not
+        read yet, so the peer should read it now (a replan's news may have been lost)."""
+        self._on_newer_plan = callback
 
     def allow_clients(self, keys: set[bytes] | frozenset[bytes]) -> None:
         """Replace the CURVE allow-list (z85 public keys of the swarm's verified members).
@@ -981,6 +988,9 @@ class Transport:
             tensors = split_tensors(header, [f.buffer for f in frames[1:]], self._limits)
             if not self._fresh(header):
                 raise StaleMessageError(f"message for job {header.job!r} plan {header.plan}")
+            job, min_plan, _ = self._context
+            if header.plan > min_plan and header.job == job and self._on_newer_plan is not None:
+                self._on_newer_plan()
         except ProtocolError as e:
             self._drop(e, sender)
             return

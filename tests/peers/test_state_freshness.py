@@ -111,3 +111,19 @@ def test_stale_donors_are_refused_for_a_fresh_one(job: JobSpec, net: Callable[[s
         fetch_state(joiner, ["old"], job_id=JOB, start=0, end=99, need=names, timeout=5.0, min_step=20)
     # without a lower bound (a caller that takes any committed state) the first donor's is taken
     assert fetch_state(joiner, ["old"], job_id=JOB, start=0, end=99, need=names, timeout=5.0).step == 5
+
+
+def test_a_donor_is_told_the_plan_its_asker_follows(job: JobSpec, net: Callable[[str], Transport]) -> None:
+    # a donor a replan moved out, whose news was lost, hears of the new plan from the first state request
+    t0, t1 = net("p0"), net("p1")
+    held = _state(job, t1, step=20, shift=0.25)
+    told: list[tuple[str, int]] = []
+    serve_state(t1, lambda: None, lambda: held, newer=lambda job_id, version: told.append((job_id, version)))
+    t0.connect("p1", t1.address, region="eu")
+    w = StageWorker(job, _plan(job, 4, "p0", t0, spares=("p1",), start_step=20), peer_id="p0", transport=t0,
+                    spares=("p1",))
+    try:
+        assert w.state_source == "peers"
+        assert told and set(told) == {(JOB, 4)}
+    finally:
+        w.close()

@@ -84,6 +84,18 @@ def test_stale_and_foreign_messages_are_dropped(pair: tuple[Transport, Transport
     assert b.recv("act", timeout=10).step == 9
 
 
+def test_a_message_stamped_with_a_newer_plan_of_our_job_is_reported(pair: tuple[Transport, Transport]) -> None:
+    # how a peer whose replan news was lost learns of the plan from its first neighbour that read it
+    a, b = pair
+    seen: list[int] = []
+    b.on_newer_plan(lambda: seen.append(1))
+    b.set_context(job="j", plan_version=2)
+    for job, version, step in (("j", 2, 1), ("other", 9, 2), ("", 9, 3), ("j", 3, 4)):
+        a.send("b", Message(kind="act", job=job, plan_version=version, step=step))
+        assert b.recv("act", timeout=10).step == step  # every one is delivered
+    assert seen == [1]  # only job j's plan 3 is newer than b's
+
+
 def test_recv_unblocks_on_close() -> None:
     t = Transport(TransportConfig(), peer_id="c").start()
     errors: list[BaseException] = []
