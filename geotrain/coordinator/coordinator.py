@@ -624,12 +624,16 @@ class Coordinator:
 
     def _record_manifests(self, progress: dict[str, ProgressRecord]) -> None:
         """The peers' reported checkpoint shards: a manifest for each step they now cover whole (or anew)."""
-        from geotrain.coordinator.manifest import ManifestBook, write_manifest
+        from geotrain.coordinator.manifest import ManifestBook, countable_shards, write_manifest
 
         if self._manifests is None:
             self._manifests = ManifestBook(self.config.job_id, self.job.model.block_model(self.job.job.seed).num_blocks)
+        plan = self.plan
         for pid, pr in progress.items():
-            self._manifests.add(pid, pr.plan_version, pr.shards)
+            shards = pr.shards if plan is None else countable_shards(
+                pr.shards, placed=pid in plan.peers, current=pr.plan_version == plan.version,
+                start_step=plan.start_step)
+            self._manifests.add(pid, pr.plan_version, shards)
         for m in self._manifests.changed():
             try:
                 path = write_manifest(self.config.report_dir, m)

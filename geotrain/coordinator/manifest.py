@@ -138,6 +138,20 @@ class ManifestBook:
         return None
 
 
+def countable_shards(shards: Iterable[ShardReport], *, placed: bool, current: bool, start_step: int) -> list[ShardReport]:
+    """The shards of one peer's report that may enter a manifest while a plan starting at ``start_step`` runs.
+
+    A peer outside the plan's pipelines (``placed`` False: a spare) trains nothing in it, and one still
+    reporting an older plan (``current`` False) has not started it: a shard either reports past the
+    plan's start is of the old plan's trajectory, trained on after the replan (a peer the replan moved
+    out, until it heard of it) and never of this one, so a manifest must not list it as this job's
+    checkpoint of that step. Their shards up to the start step are the checkpoints the plan started from.
+    """
+    if placed and current:
+        return list(shards)
+    return [sh for sh in shards if sh.step <= start_step]
+
+
 def manifest_dir(report_dir: Path) -> Path:
     return Path(report_dir) / "manifests"
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from geotrain.config import job_from_dict
-from geotrain.coordinator.manifest import ManifestBook, latest_manifest, write_manifest
+from geotrain.coordinator.manifest import ManifestBook, countable_shards, latest_manifest, write_manifest
 from geotrain.errors import ConfigError
 from geotrain.peers import checkpoint
 from geotrain.peers.remote import RemoteStore
@@ -113,6 +113,19 @@ def test_manifest_written_once_every_block_is_covered(tmp_path: Path) -> None:
     assert latest_manifest(tmp_path / "report", "job", 4) == m
     assert latest_manifest(tmp_path / "report", "other", 4) is None
     assert latest_manifest(tmp_path / "report", "job", 5) is None  # does not cover a 5-block model
+
+
+def test_a_peer_outside_the_plan_or_behind_it_adds_no_checkpoint_past_the_plans_start(tmp_path: Path) -> None:
+    # a peer a replan made a spare trained on under the old plan until it heard of the new one: its shards
+    # past the new plan's start are of the old trajectory, and a manifest of them would be a fork of the job
+    shards = [s.report() for step in (10, 20, 30) for s in StateStore(tmp_path / str(step)).save(state(step), [(0, 4)])]
+    steps = lambda got: [s.step for s in got]  # noqa: E731
+    assert steps(countable_shards(shards, placed=True, current=True, start_step=20)) == [10, 20, 30]
+    assert steps(countable_shards(shards, placed=False, current=True, start_step=20)) == [10, 20]  # a spare
+    assert steps(countable_shards(shards, placed=True, current=False, start_step=20)) == [10, 20]  # an old plan's
+    book = ManifestBook("job", num_blocks=4)
+    book.add("spare", 2, countable_shards(shards, placed=False, current=True, start_step=20))
+    assert book.newest() is not None and book.newest().step == 20
 
 
 def test_checkpoint_section_keys() -> None:
