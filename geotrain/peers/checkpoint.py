@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,9 @@ def save_group(root: Path, state: StageState, *, start: int, end: int) -> tuple[
     if not piece.params:
         raise CheckpointError(f"no parameters of blocks [{start}, {end}) to save")
     data, sidecar = encode_shard(piece, start, end)
+    # when it was written: a replan restarts the step count below what the weights have seen, so the order
+    # of writes, not the step number, is the order of the job's lineage (StateStore keeps the newest writes)
+    sidecar["written_ns"] = time.time_ns()
     d = step_dir(root, piece.step)
     name = f"b{start}-{end}"
     _write(d / f"{name}{EXT}", data)

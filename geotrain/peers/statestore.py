@@ -16,7 +16,8 @@ Each file is written to a temporary name, fsynced and renamed, the ``.json`` las
 whole or absent. :meth:`StateStore.submit` takes a state already copied out of the training tensors
 (:meth:`StageWorker.state` clones) and serialises and writes it on the store's own thread; the step
 thread waits only when the previous checkpoint is still being written (``submit_wait_s`` counts that
-wait). The newest ``keep`` steps of a job are kept, older ones deleted after each write. With a remote
+wait). The ``keep`` most recently written steps of a job are kept (write order is the job's lineage:
+:meth:`StateStore.recent`), older ones deleted after each write. With a remote
 (``checkpoint.remote``, :mod:`geotrain.peers.remote`) the same thread then uploads the shards the
 caller leads, and prunes the remote the same way; an upload that fails is logged and counted
 (``upload_failures``), never raised.
@@ -237,8 +238,35 @@ class StateStore:
                 if self._queue.empty():
                     self._idle.set()
 
+    def recent(self, job_id: str) -> list[int]:
+        """Checkpoint steps of ``job_id`` on disk, the most recently written first (then the higher step).
+
+        Write order, not step number, is the job's lineage: a replan starts the next plan at a round boundary
+        no live peer has passed, while the peers carry on from their groups' newest committed state, so the
+        old plan's checkpoints past that step are older than the new plan's first ones. Pruning by number
+        deleted each new checkpoint right after it was written until the new plan passed the old steps.
+        A step's time is the newest ``written_ns`` of its sidecars (older shards without it: the directory's
+        modification time).
+        """
+        d = self.job_dir(job_id)
+        if not d.is_dir():
+            return []
+        found = []
+        for p in d.iterdir():
+            hit = _STEP_DIR.match(p.name)
+            if hit is None:
+                continue
+            try:
+                stamps = [w for mf in p.glob("b*-*.json")
+                          if type(w := json.loads(mf.read_text()).get("written_ns")) is int]
+                when = max(stamps) if stamps else p.stat().st_mtime_ns
+            except (OSError, ValueError, AttributeError):
+                continue  # pruned meanwhile, or not a sidecar we wrote: this step stays out of the order
+            found.append((when, int(hit.group(1))))
+        return [step for _, step in sorted(found, reverse=True)]
+
     def _prune(self, job_id: str) -> None:
-        steps = self.steps(job_id)
+        steps = self.recent(job_id)
         for s in steps[self.keep:]:
             shutil.rmtree(checkpoint.step_dir(self.job_dir(job_id), s), ignore_errors=True)
         kept = set(steps[: self.keep])
@@ -271,7 +299,7 @@ class StateStore:
         if job_id in self._scanned:
             return
         found: dict[tuple[int, int, int], Shard] = {}
-        for step in self.steps(job_id)[: self.keep]:
+        for step in self.recent(job_id)[: self.keep]:
             d = checkpoint.step_dir(self.job_dir(job_id), step)
             for mf in sorted(d.glob("b*-*.json")):
                 m = self._verified(mf, job_id, step, None)
@@ -279,7 +307,7 @@ class StateStore:
                     a, b = m["blocks"]
                     found[(step, a, b)] = Shard(job_id, int(m["round"]), step, a, b, str(m["sha256"]),
                                                 int(m["nbytes"]))
-        kept = set(self.steps(job_id)[: self.keep])  # pruning may have run meanwhile
+        kept = set(self.recent(job_id)[: self.keep])  # pruning may have run meanwhile
         with self._lock:
             held = self._held.setdefault(job_id, {})
             for key, sh in found.items():

@@ -128,6 +128,23 @@ def test_a_peer_outside_the_plan_or_behind_it_adds_no_checkpoint_past_the_plans_
     assert book.newest() is not None and book.newest().step == 20
 
 
+def test_pruning_keeps_the_newest_writes_not_the_highest_steps(tmp_path: Path) -> None:
+    # a replan restarts the step count below what the weights have seen: the new plan's first checkpoints
+    # (steps 835, 840) are newer in the job's lineage than the old plan's 995 and 1000, and must be kept
+    store = StateStore(tmp_path, keep=2)
+    for step in (995, 1000):
+        store.save(state(step), [(0, 4)])
+    store.save(state(835), [(0, 4)])
+    assert store.recent("job") == [835, 1000] and sorted(store.steps("job")) == [835, 1000]
+    store.save(state(840), [(0, 4)])
+    assert store.recent("job") == [840, 835] and sorted(store.steps("job")) == [835, 840]
+    assert sorted(sh.step for sh in store.held("job")) == [835, 840]
+    # a restarted peer's scan keeps the same two, by the write times its sidecars record
+    again = StateStore(tmp_path, keep=2)
+    assert sorted(sh.step for sh in again.held("job")) == [835, 840]
+    assert again.load("job", 840, 0, 4) is not None
+
+
 def test_checkpoint_section_keys() -> None:
     ck = job_from_dict({"checkpoint": {"keep": 3, "allow_seed_restart": True}}).checkpoint
     assert ck.keep == 3 and ck.allow_seed_restart and ck.every_rounds == 1
