@@ -13,8 +13,11 @@ K already-connected TCP streams (the handshakes are not timed: the data plane
 keeps its connections open), and times it from the first byte sent to the last
 byte received. Trials of every K are interleaved, ``--repeats`` times, so
 drift on a shared machine hits every K alike; each K's median is compared with
-one stream's (a ratio). Prints JSON lines: ``config``, one ``trial`` per
-transfer, one ``streams`` per K, and a ``summary``.
+one stream's (a ratio). ``--data-plane`` also times one message of the same
+size through geotrain's own data plane (a Transport per region, one connection
+per peer pair). Prints JSON lines: ``config``, one ``trial`` per transfer, one
+``streams`` per K, with ``--data-plane`` one ``data_plane_trial`` per message
+and their ``data_plane`` median, and a ``summary``.
 
 Needs root, network namespaces and /dev/net/tun. CI smoke: ``--smoke``.
 """
@@ -121,6 +124,32 @@ def trial(em: Any, streams: int, nbytes: int, timeout_s: float, cc: str | None =
     return max(done_at) - start
 
 
+def data_plane_trial(em: Any, nbytes: int, timeout_s: float) -> float:
+    """Seconds for geotrain's data plane (one :class:`~geotrain.transport.Transport` per region, one
+    connection per peer pair) to deliver one message of ``nbytes`` tensor bytes from region a to region b."""
+    import torch
+
+    from geotrain.transport import Message, Transport, TransportConfig
+
+    ts = {}
+    try:
+        for region in ("a", "b"):
+            cfg = TransportConfig(host=em.address(region), send_timeout_s=timeout_s, recv_timeout_s=timeout_s)
+            with em.inside(region):  # its I/O threads are born in the namespace
+                ts[region] = Transport(cfg, peer_id=f"bench-{region}", region=region).start()
+        ts["a"].connect("bench-b", ts["b"].address, region="b")
+        ts["a"].send("bench-b", Message(kind="warm"), timeout=timeout_s)  # the handshake is not timed
+        ts["b"].recv("warm", timeout=timeout_s)
+        x = torch.randint(-128, 127, (nbytes,), dtype=torch.int8)
+        start = time.perf_counter()
+        ts["a"].send_async("bench-b", Message(kind="bulk", tensors={"x": x}))
+        ts["b"].recv("bulk", timeout=timeout_s)
+        return time.perf_counter() - start
+    finally:
+        for t in ts.values():
+            t.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.streams", description=__doc__.split("\n\n")[0])
     p.add_argument("--mbit", type=float, default=100.0, help="link rate, Mbit/s (default 100)")
@@ -128,12 +157,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--streams", default="1,2,4,8", help="stream counts to compare (1 is always included)")
     p.add_argument("--mbytes", type=float, default=32.0, help="bytes per transfer, MB (default 32)")
     p.add_argument("--repeats", type=int, default=3, help="trials of each stream count (default 3)")
+    p.add_argument("--data-plane", action="store_true",
+                   help="also time geotrain's data plane (one Transport message) over the same link")
     p.add_argument("--cc", default=None,
                    help="the senders' TCP congestion control (e.g. cubic, bbr; default: the kernel's)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes for CI: 20 Mbit/s, 40 ms, 1 MB, 1 and 2 streams")
     args = p.parse_args(argv)
     if args.smoke:
         args.mbit, args.rtt_ms, args.mbytes, args.streams, args.repeats = 20.0, 40.0, 1.0, "1,2", 1
+        args.data_plane = True
     counts = sorted({1, *(int(x) for x in str(args.streams).split(",") if x.strip())})
     if counts[0] < 1 or counts[-1] > 64 or args.mbit <= 0 or args.rtt_ms < 0 or args.mbytes <= 0 or args.repeats < 1:
         p.error("streams in 1..64, --mbit > 0, --rtt-ms >= 0, --mbytes > 0, --repeats >= 1")
@@ -161,7 +193,15 @@ def main(argv: list[str] | None = None) -> int:
                 s = trial(em, k, nbytes, timeout_s, args.cc)
                 results[k].append(s)
                 emit(event="trial", repeat=r, streams=k, seconds=round(s, 4), mbit_s=round(nbytes * 8 / s / 1e6, 2))
+        plane = [data_plane_trial(em, nbytes, timeout_s) for _ in range(args.repeats)] if args.data_plane else []
+        for r, sec in enumerate(plane):
+            emit(event="data_plane_trial", repeat=r, seconds=round(sec, 4),
+                 mbit_s=round(nbytes * 8 / sec / 1e6, 2))
     base = statistics.median(results[1])
+    if plane:
+        med = statistics.median(plane)
+        emit(event="data_plane", median_s=round(med, 4), mbit_s=round(nbytes * 8 / med / 1e6, 2),
+             link_share=round(ideal_s / med, 3), vs_one_stream=round(base / med, 3))
     for k in counts:
         med = statistics.median(results[k])
         emit(event="streams", streams=k, median_s=round(med, 4), mbit_s=round(nbytes * 8 / med / 1e6, 2),

@@ -1,4 +1,5 @@
-"""Smoke test of ``python -m benchmarks.streams --smoke``: one and two TCP streams over an emulated, delayed link."""
+"""Smoke test of ``python -m benchmarks.streams --smoke``: one and two TCP streams, and geotrain's data plane, over
+an emulated, delayed link."""
 
 from __future__ import annotations
 
@@ -28,3 +29,6 @@ def test_streams_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     per_k = {ln["streams"]: ln for ln in lines if ln["event"] == "streams"}
     assert per_k[1]["speedup_vs_1"] == 1.0 and per_k[2]["speedup_vs_1"] > 0
     assert summary["event"] == "summary" and summary["best_streams"] in (1, 2)
+    # geotrain's own data plane over the same link: one message, one connection
+    (plane,) = [ln for ln in lines if ln["event"] == "data_plane"]
+    assert plane["median_s"] >= 0.9 * config["ideal_s"] and 0 < plane["link_share"] <= 1.1
