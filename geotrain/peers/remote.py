@@ -19,6 +19,7 @@ Credentials are fsspec's business (its usual environment and config files); geot
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from typing import Any
@@ -60,6 +61,18 @@ class RemoteStore:
         except (OSError, ValueError) as e:
             raise CheckpointError(f"cannot upload shard {name} of step {step} to {self.url}: {e}") from e
 
+    def _written(self, step_path: Any) -> int:
+        """The newest ``written_ns`` among a remote step's sidecars (-1 when none records it)."""
+        stamps = []
+        for path in self._fs.glob(f"{step_path}/b*-*.json"):
+            try:
+                written = json.loads(self._fs.cat_file(path)).get("written_ns")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if type(written) is int:
+                stamps.append(written)
+        return max(stamps, default=-1)
+
     def shards(self, job_dir: str, step: int) -> list[tuple[str, bytes, bytes]]:
         """(name, sidecar bytes, shard bytes) of every shard of ``step`` found (unverified; possibly none)."""
         d = self._step(job_dir, step)
@@ -79,16 +92,18 @@ class RemoteStore:
         return out
 
     def prune(self, job_dir: str, keep: int) -> None:
-        """Delete all but the newest ``keep`` steps of ``job_dir``."""
+        """Delete all but the ``keep`` steps of ``job_dir`` written last (by their sidecars' ``written_ns``, then
+        by step number: the order of the job's lineage, as :meth:`StateStore.recent` keeps them locally)."""
         base = f"{self._root}/{job_dir}"
         try:
             if not self._fs.exists(base):
                 return
             steps = sorted(
-                ((int(m.group(1)), p) for p in self._fs.ls(base, detail=False) if (m := _STEP_DIR.search(str(p)))),
+                ((self._written(p), int(m.group(1)), p) for p in self._fs.ls(base, detail=False)
+                 if (m := _STEP_DIR.search(str(p)))),
                 reverse=True,
             )
-            for _, path in steps[keep:]:
+            for _, _, path in steps[keep:]:
                 self._fs.rm(path, recursive=True)
         except (OSError, ValueError) as e:
             raise CheckpointError(f"cannot prune old steps under {base}: {e}") from e

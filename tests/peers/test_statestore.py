@@ -241,6 +241,14 @@ def test_remote_upload_and_verified_load(tmp_path: Path) -> None:
     assert StateStore(tmp_path / "c").load_remote("job", 15, 0, 4) is None  # no remote configured
 
 
+def test_the_remote_keeps_the_newest_writes_too(tmp_path: Path) -> None:
+    url = f"file://{tmp_path / 'remote'}"
+    writer = StateStore(tmp_path / "a", keep=2, remote=RemoteStore(url))
+    for step in (995, 1000, 835):  # 835: the first checkpoint of a plan that restarted below the old steps
+        writer.save(state(step), [(0, 4)], upload=[(0, 4)])
+    assert sorted(p.name for p in (tmp_path / "remote" / "job").iterdir()) == ["step-000835", "step-001000"]
+
+
 @pytest.mark.parametrize("url", ["nope", "foo://bucket/x", "file://relative/dir", "file://", "s3://"])
 def test_checkpoint_remote_url_is_checked(url: str) -> None:
     with pytest.raises(ConfigError, match="checkpoint.remote"):
