@@ -256,12 +256,18 @@ class StateStore:
             hit = _STEP_DIR.match(p.name)
             if hit is None:
                 continue
+            stamps = []
+            for mf in p.glob("b*-*.json"):
+                try:
+                    written = json.loads(mf.read_text()).get("written_ns")
+                except (OSError, ValueError, AttributeError):
+                    continue  # pruned meanwhile, or not a sidecar we wrote (loading refuses it)
+                if type(written) is int:
+                    stamps.append(written)
             try:
-                stamps = [w for mf in p.glob("b*-*.json")
-                          if type(w := json.loads(mf.read_text()).get("written_ns")) is int]
                 when = max(stamps) if stamps else p.stat().st_mtime_ns
-            except (OSError, ValueError, AttributeError):
-                continue  # pruned meanwhile, or not a sidecar we wrote: this step stays out of the order
+            except OSError:
+                continue  # pruned meanwhile
             found.append((when, int(hit.group(1))))
         return [step for _, step in sorted(found, reverse=True)]
 

@@ -143,6 +143,10 @@ def test_pruning_keeps_the_newest_writes_not_the_highest_steps(tmp_path: Path) -
     again = StateStore(tmp_path, keep=2)
     assert sorted(sh.step for sh in again.held("job")) == [835, 840]
     assert again.load("job", 840, 0, 4) is not None
+    # a sidecar that is not JSON does not keep its step out of the order (nor on disk for ever)
+    (tmp_path / "job" / "step-000835" / "b0-4.json").write_text("{not json")
+    store.save(state(845), [(0, 4)])
+    assert sorted(store.steps("job")) == [840, 845]
 
 
 def test_checkpoint_section_keys() -> None:
