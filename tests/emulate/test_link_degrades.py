@@ -155,5 +155,10 @@ def test_a_degraded_link_is_measured_by_real_traffic_and_replanned_around(
     coord.wait_event("report", 120)
     report = json.loads((report_dir / "report.json").read_text())
     assert [p["reason"] for p in report["plans"]] == ["initial", "link"]
-    (logged,) = [e for e in report["events"] if e["kind"] == "link"]
-    assert logged["measured_bps"] == link["measured_bps"]
+    logged = [e for e in report["events"] if e["kind"] == "link"]
+    assert logged[0]["measured_bps"] == link["measured_bps"]
+    # the reverse direction may be flagged at the same tick (once, beside two busy loops: 37 kB/s of its 5.7
+    # MB/s; likely its ACKs, which wait behind the slowed direction's bulk in the same shaped link), but no
+    # other link is, and it cost no second replan
+    assert all({region_of[e["src"]], region_of[e["dst"]]} == {first, second} for e in logged), logged
+    assert len(logged) <= 2 and len({e["t_s"] for e in logged}) == 1, logged
