@@ -116,6 +116,15 @@ def save_group(root: Path, state: StageState, *, start: int, end: int) -> tuple[
     return d / f"{name}.json", data, sidecar
 
 
+def written_ns(sidecar: bytes | str) -> int | None:
+    """The ``written_ns`` a shard's sidecar records (None: not JSON, or written before it was recorded)."""
+    try:
+        value = json.loads(sidecar).get("written_ns")
+    except (ValueError, AttributeError):
+        return None
+    return value if type(value) is int else None
+
+
 def _write(path: Path, data: bytes) -> None:
     try:
         _atomic_write(path, data)

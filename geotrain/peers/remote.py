@@ -19,12 +19,12 @@ Credentials are fsspec's business (its usual environment and config files); geot
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from typing import Any
 
 from geotrain.errors import CheckpointError
+from geotrain.peers.checkpoint import written_ns
 
 logger = logging.getLogger(__name__)
 
@@ -66,10 +66,10 @@ class RemoteStore:
         stamps = []
         for path in self._fs.glob(f"{step_path}/b*-*.json"):
             try:
-                written = json.loads(self._fs.cat_file(path)).get("written_ns")
-            except (OSError, ValueError, AttributeError):
+                written = written_ns(self._fs.cat_file(path))
+            except OSError:
                 continue
-            if type(written) is int:
+            if written is not None:
                 stamps.append(written)
         return max(stamps, default=-1)
 

@@ -259,10 +259,10 @@ class StateStore:
             stamps = []
             for mf in p.glob("b*-*.json"):
                 try:
-                    written = json.loads(mf.read_text()).get("written_ns")
-                except (OSError, ValueError, AttributeError):
-                    continue  # pruned meanwhile, or not a sidecar we wrote (loading refuses it)
-                if type(written) is int:
+                    written = checkpoint.written_ns(mf.read_bytes())
+                except OSError:
+                    continue  # pruned meanwhile
+                if written is not None:  # else not a sidecar we wrote (loading refuses it), or an older one
                     stamps.append(written)
             try:
                 when = max(stamps) if stamps else p.stat().st_mtime_ns
