@@ -62,7 +62,12 @@ class JobPlan:
     intra_codec: str = "none"
     #: per pipeline, per hop i -> i+1: (activation codec, activation-grad codec); chosen by link.
     hop_codecs: tuple[tuple[tuple[str, str], ...], ...] = ()
+    #: the step the plan's numbering starts at: its data position, round schedule and learning-rate step
     start_step: int = 0
+    #: the oldest committed state a peer may start this plan from (own, stored or fetched); None: ``start_step``.
+    #: A replan starts its numbering at the furthest live peer's round boundary, so steps never go back, while
+    #: the state it may start from is as old as the slowest live peer's (see ``coordinator.decide``)
+    state_step: int | None = None
     stop_step: int | None = None
     #: where stage groups write checkpoints; with ``resume_step`` peers start from that checkpoint
     checkpoint_dir: str | None = None
@@ -74,6 +79,9 @@ class JobPlan:
     def __post_init__(self) -> None:
         if self.version < 1:
             raise ConfigError(f"plan.version must be >= 1; got {self.version}")
+        if self.start_step < 0 or not (self.state_step is None or 0 <= self.state_step <= self.start_step):
+            raise ConfigError(f"plan.state_step must be in [0, start_step]; got state_step {self.state_step}, "
+                              f"start_step {self.start_step}")
         if not self.pipelines:
             raise ConfigError("a plan needs at least one pipeline")
         seen: set[str] = set()
@@ -103,6 +111,11 @@ class JobPlan:
 
     def slot(self, pipeline: int, stage: int) -> StageSlot:
         return self.pipelines[pipeline][stage]
+
+    @property
+    def state_floor(self) -> int:
+        """The step no committed state this plan starts from may predate."""
+        return self.start_step if self.state_step is None else self.state_step
 
     @property
     def peers(self) -> list[str]:
@@ -158,6 +171,7 @@ class JobPlan:
                 "hops": [[list(h) for h in pipe] for pipe in self.hop_codecs],
             },
             "start_step": self.start_step,
+            "state_step": self.state_step,
             "stop_step": self.stop_step,
             "checkpoint": {"dir": self.checkpoint_dir, "every": self.checkpoint_every, "resume_step": self.resume_step},
             "num_blocks": self.num_blocks,
@@ -198,6 +212,7 @@ class JobPlan:
                 intra_codec=str(codecs.get("intra", "none")),
                 hop_codecs=hops,
                 start_step=int(d.get("start_step", 0)),
+                state_step=None if d.get("state_step") is None else int(d["state_step"]),
                 stop_step=None if stop is None else int(stop),
                 checkpoint_dir=None if ckpt.get("dir") is None else str(ckpt["dir"]),
                 checkpoint_every=int(ckpt.get("every", 0)),

@@ -333,7 +333,8 @@ class Coordinator:
                    self.plan.version if self.plan else 0) + 1
 
     def publish_plan(
-        self, peers: dict[str, PeerRecord], *, start_step: int, reason: str, resume_step: int | None = None
+        self, peers: dict[str, PeerRecord], *, start_step: int, reason: str, resume_step: int | None = None,
+        state_step: int | None = None,
     ) -> JobPlan:
         links = with_passive(self.swarm.get_links(), self._passive)
         version = self._next_version()
@@ -344,6 +345,7 @@ class Coordinator:
             peers=peers,
             links=links,
             start_step=start_step,
+            state_step=state_step,
             stop_step=self.job.stop.steps,
             resume_step=resume_step,
             egress_usd_per_gb=self.config.egress_usd_per_gb,
@@ -365,6 +367,7 @@ class Coordinator:
                 "predicted": dict(plan.predicted),
                 "baselines": planner_json.get("baselines", {}),
                 "start_step": start_step,
+                "state_step": plan.state_floor,
             }
         )
         layout = [" -> ".join(f"{s.region}[{s.start}:{s.end})" for s in pipe) for pipe in plan.pipelines]
@@ -376,8 +379,8 @@ class Coordinator:
         self._run.plans[-1]["links"] = link_counts
         self._event("replan" if version > 1 else "plan", version=version, reason=reason,
                     pipelines=len(plan.pipelines), stages=[len(p) for p in plan.pipelines],
-                    layout=layout, spares=len(plan.spares), links=link_counts,
-                    predicted_tokens_per_s=plan.predicted.get("tokens_per_s"))
+                    layout=layout, spares=len(plan.spares), links=link_counts, start_step=plan.start_step,
+                    state_step=plan.state_floor, predicted_tokens_per_s=plan.predicted.get("tokens_per_s"))
         return plan
 
     def _resume_step(self) -> int | None:
@@ -502,8 +505,8 @@ class Coordinator:
             elif isinstance(a, Replan):
                 try:
                     live = self._with_spares(self._fresh_peers(peers, progress))
-                    self.publish_plan(live, start_step=a.start_step, reason=a.reason)
-                except InfeasiblePlanError as e:
+                    self.publish_plan(live, start_step=a.start_step, state_step=a.state_step, reason=a.reason)
+                except GeotrainError as e:  # no plannable peer, a failed write: the plan stands, tried again
                     self._event("error", message=f"cannot replan: {e}")
             elif isinstance(a, StateLost):
                 blocks = list(a.blocks)

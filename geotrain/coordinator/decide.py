@@ -122,6 +122,8 @@ class LinkDegraded:
 class Replan:
     reason: ReplanReason
     start_step: int
+    #: the oldest committed state the next plan may start from (:func:`restart_steps`)
+    state_step: int | None = None
 
 
 @dataclass(frozen=True)
@@ -192,7 +194,7 @@ def decide(memory: Memory, view: View, now: float, policy: Policy) -> tuple[Memo
         for p in dead:
             missing.pop(p, None)
         reason: ReplanReason = "death" if dead else "join" if joined else "stall" if stuck else "link"
-        actions.append(Replan(reason, restart_step(plan, view.progress, view.live, policy.every)))
+        actions.append(Replan(reason, *restart_steps(plan, view.progress, view.live, policy.every)))
         new = replace(new, missing_since=missing, stalled_since={}, degraded_since={}, joiner_since=None)
 
     if finish_deadline is not None and now > finish_deadline:
@@ -263,18 +265,25 @@ def lost_blocks(plan: JobPlan, progress: Mapping[str, ProgressRecord]) -> tuple[
     return (sorted(blocks), min(rounds)) if rounds else None
 
 
-def restart_step(plan: JobPlan, progress: Mapping[str, ProgressRecord], live: Sequence[str] | frozenset[str],
-                 every: int) -> int:
-    """A round boundary no live peer of the plan has passed: the next plan starts there.
+def restart_steps(plan: JobPlan, progress: Mapping[str, ProgressRecord], live: Sequence[str] | frozenset[str],
+                  every: int) -> tuple[int, int]:
+    """Where the next plan starts: ``(start_step, state_step)``, both round boundaries.
 
-    Every peer restarts from its group's committed global parameters, so the step only fixes the data
-    position and the round schedule; any multiple of ``every`` keeps every group's rounds aligned. Never
-    before the plan's own start (its peers' reports of an older plan do not count).
+    Every peer restarts from its group's committed global parameters, so the steps only fix the data position,
+    the round schedule and the learning-rate step; any multiple of ``every`` keeps every group's rounds aligned.
+    The numbering goes on from the furthest live peer of the plan (the last round boundary it reported), so it
+    never goes back below the state the peers carry on from: a replan that went back would train those steps of
+    the data again, step the schedule back, and number the new plan's checkpoints below the old plan's last.
+    The state it may start from is as old as the slowest live peer's last boundary (``state_step``): every
+    group's committed state is at least that new. Never before the plan's own start (reports of an older plan
+    do not count).
     """
     members = set(plan.peers)
     steps = [p.step for pid, p in progress.items()
              if pid in live and pid in members and p.plan_version == plan.version]
-    return max(plan.start_step, (min(steps) // every) * every if steps else plan.start_step)
+    if not steps:
+        return plan.start_step, plan.state_floor
+    return max(plan.start_step, (max(steps) // every) * every), max(plan.start_step, (min(steps) // every) * every)
 
 
 def _degraded(since: Mapping[Link, float], view: View, now: float,

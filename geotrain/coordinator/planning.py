@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from geotrain.config import JobSpec
+from geotrain.errors import InfeasiblePlanError
 from geotrain.plan import JobPlan, StageSlot
 from geotrain.swarm.records import LinkMeasurement, LinkRow, PeerRecord
 
@@ -180,6 +181,7 @@ def make_plan(
     peers: Mapping[str, PeerRecord],
     links: Mapping[str, LinkRow],
     start_step: int = 0,
+    state_step: int | None = None,
     stop_step: int | None = None,
     resume_step: int | None = None,
     egress_usd_per_gb: Mapping[str, float] | None = None,
@@ -190,6 +192,9 @@ def make_plan(
     from geotrain.planner.scenario import Scenario
 
     peers = plannable_peers(peers)  # nobody is placed where others must dial it and cannot
+    if not peers:
+        raise InfeasiblePlanError("no live peer to plan on: none reports progress for this job, or none can be "
+                                  "dialled")
     scenario = Scenario.from_dict(scenario_dict(job, peers, links, egress_usd_per_gb=egress_usd_per_gb))
     result = run_planner(scenario, seed=job.job.seed, time_budget_s=10.0)
     pipelines = []
@@ -230,6 +235,7 @@ def make_plan(
         intra_codec=job.sync.intra_codec,
         hop_codecs=tuple(hop_codecs(job, p) for p in pipelines),
         start_step=start_step,
+        state_step=state_step,
         stop_step=stop_step,
         checkpoint_dir=job.checkpoint.dir,
         checkpoint_every=job.sync.every * job.checkpoint.every_rounds if job.checkpoint.dir else 0,

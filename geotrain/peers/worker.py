@@ -249,11 +249,12 @@ class StageWorker:
         names = [n for n, _ in self.stage.named_parameters()]
         start, end = self.stage.layers
         sat_out = previous_plan is not None and previous_plan.slot_of(self.peer_id) is None
-        if previous is not None and (sat_out or previous.step < self.plan.start_step):
+        floor = self.plan.state_floor
+        if previous is not None and (sat_out or previous.step < floor):
             # stale: kept from an older plan, and this peer sat out the one since (a spare while the others
             # trained on): its rounds are older than its group's, and adopting them would split the group
-            logger.info("own state of step %d predates plan v%d (start step %d): not adopted, fetched instead",
-                        previous.step, self.plan.version, self.plan.start_step)
+            logger.info("own state of step %d predates plan v%d (state from step %d on): not adopted, fetched "
+                        "instead", previous.step, self.plan.version, floor)
             previous = None
         own = previous.select(start, end) if previous is not None else None
         if own is not None and own.covers(names):
@@ -274,8 +275,7 @@ class StageWorker:
         # checkpoint of the resume step will do
         want_step = self.plan.resume_step if previous is None else None
         if previous is None and self.store is not None:
-            mine = self.store.load(self.plan.job_id, want_step if want_step is not None else self.plan.start_step,
-                                   start, end)
+            mine = self.store.load(self.plan.job_id, want_step if want_step is not None else floor, start, end)
             if mine is not None:
                 own = mine if own is None else own.merge(mine)
                 if own.covers(names):
@@ -320,19 +320,19 @@ class StageWorker:
             got = fetch_state(
                 self.transport, donors, job_id=self.plan.job_id, start=start, end=end, need=names, have=own,
                 timeout=self.job.swarm.round_timeout_s, step=want_step,
-                min_step=self.plan.start_step if want_step is None else None,
+                min_step=floor if want_step is None else None,
                 sizes={n: p.numel() for n, p in self.stage.named_parameters()},
                 parallel=_parallel_donors(donors, likely, links), plan_version=self.plan.version,
             )
             self.state_source = "peers"
             return got
         except StateTransferError as e:
-            if self.plan.start_step == 0 and own is None:
+            if floor == 0 and own is None:
                 # a replan before any round (a joiner's first plan): nobody trained these blocks yet
                 logger.info("blocks [%d, %d): no peer holds state at step 0 (%s); the seed", start, end, e)
                 return None
-            remote = self.store.load_remote(self.plan.job_id, want_step if want_step is not None
-                                            else self.plan.start_step, start, end) if self.store is not None else None
+            remote = self.store.load_remote(self.plan.job_id, want_step if want_step is not None else floor,
+                                            start, end) if self.store is not None else None
             if remote is not None:
                 got = remote if own is None else own.merge(remote)
                 if got.covers(names):
@@ -342,11 +342,11 @@ class StageWorker:
                     return got
             held = own.params if own is not None else {}
             lost = sorted({block_of(n) for n in names if n not in held})
-            rnd = (want_step if want_step is not None else self.plan.start_step) // max(1, self.job.sync.every)
+            rnd = (want_step if want_step is not None else floor) // max(1, self.job.sync.every)
             if not self.job.checkpoint.allow_seed_restart:
                 raise StateLostError(
                     f"blocks {lost} of job {self.plan.job_id} have no reachable holder at round {rnd} "
-                    f"(step {self.plan.start_step}): no live peer, no state directory, no remote holds them ({e}); "
+                    f"(step {want_step if want_step is not None else floor}): no live peer, no state directory, no remote holds them ({e}); "
                     "restart the peers that hold them, or set checkpoint.allow_seed_restart = true to "
                     "restart them from the seed", blocks=lost, round=rnd,
                 ) from e

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
+import pytest
+
 from geotrain.coordinator.decide import (
     Action,
     Death,
@@ -24,8 +26,9 @@ from geotrain.coordinator.decide import (
     View,
     decide,
     next_due,
-    restart_step,
+    restart_steps,
 )
+from geotrain.errors import ConfigError
 from geotrain.plan import JobPlan, StageSlot
 from geotrain.swarm.records import InboundLinkReport, PeerStatus, ProgressRecord
 
@@ -81,20 +84,36 @@ def test_a_missing_peer_is_dead_only_after_the_grace_and_a_blip_is_forgiven() ->
     assert w.tick(3.0, live=alive + ["D"]) == []  # back: a blip
     assert w.tick(4.0, live=alive) == [Missing("D")]  # gone again: the grace starts over
     assert w.tick(6.9, live=alive) == []
-    assert w.tick(7.1, live=alive) == [Death("D"), Replan("death", 20)]
+    assert w.tick(7.1, live=alive) == [Death("D"), Replan("death", 20, 20)]
     assert w.memory.missing_since == {}
 
 
-def test_the_restart_step_is_the_last_round_boundary_no_live_plan_peer_passed() -> None:
+def test_a_replan_numbers_on_from_the_furthest_peer_and_takes_state_as_old_as_the_slowest() -> None:
     p = plan(start=10)
     progress = {"A": rec("A", step=47), "B": rec("B", step=33), "C": rec("C", step=52),
                 "D": rec("D", step=12)}
-    assert restart_step(p, progress, frozenset("ABCD"), 10) == 30 - 20  # D at 12: the boundary 10
-    assert restart_step(p, progress, frozenset("ABC"), 10) == 30  # a dead peer's step does not hold others back
+    # numbering: C's last boundary, so no step is trained twice; state: as old as D's last boundary
+    assert restart_steps(p, progress, frozenset("ABCD"), 10) == (50, 10)
+    assert restart_steps(p, progress, frozenset("ABD"), 10) == (40, 10)  # a dead peer's step counts for neither
+    assert restart_steps(p, progress, frozenset("ABC"), 10) == (50, 30)
     older = {**progress, "B": rec("B", step=3, version=0)}  # a report from before this plan does not count
-    assert restart_step(p, older, frozenset("ABC"), 10) == 40
-    assert restart_step(p, {}, frozenset(), 10) == 10  # nobody reported: the plan's own start
-    assert restart_step(plan(start=40), progress, frozenset("ABCD"), 10) == 40  # never before the plan's start
+    assert restart_steps(p, older, frozenset("ABC"), 10) == (50, 40)
+    assert restart_steps(p, {}, frozenset(), 10) == (10, 10)  # nobody reported: the plan's own start
+    assert restart_steps(plan(start=40), progress, frozenset("ABCD"), 10) == (50, 40)  # never before its start
+    follow = replace(plan(start=60), state_step=40)  # nobody reported under a plan that took older state
+    assert restart_steps(follow, {}, frozenset(), 10) == (60, 40)
+
+
+def test_a_plan_refuses_a_state_step_past_its_start_and_carries_it_on_the_wire() -> None:
+    p = replace(plan(start=50), state_step=30)
+    assert p.state_floor == 30 and plan(start=50).state_floor == 50
+    assert JobPlan.from_dict(p.to_dict()) == p
+    legacy = p.to_dict()
+    del legacy["state_step"]  # a plan written before the field: its state floor is its start
+    assert JobPlan.from_dict(legacy).state_floor == 50
+    for bad in (60, -1):
+        with pytest.raises(ConfigError, match="state_step"):
+            replace(plan(start=50), state_step=bad)
 
 
 def test_a_stalled_peer_gets_a_plan_after_stall_replan_s() -> None:
@@ -102,7 +121,7 @@ def test_a_stalled_peer_gets_a_plan_after_stall_replan_s() -> None:
     stuck = {**{p: rec(p) for p in "ABC"}, "D": rec("D", status=PeerStatus.STALLED)}
     assert w.tick(0.0, stuck) == []
     assert w.tick(10.0, stuck) == []
-    assert w.tick(10.5, stuck) == [Stall(("D",)), Replan("stall", 20)]
+    assert w.tick(10.5, stuck) == [Stall(("D",)), Replan("stall", 20, 20)]
     assert w.memory.stalled_since == {}
     # a stall reported under an older plan version is not this plan's
     w = Watch(plan(version=2))
@@ -114,14 +133,14 @@ def test_a_death_beside_a_stall_is_replanned_as_a_death_with_no_stall_event() ->
     w = Watch(plan())
     progress = {**{p: rec(p) for p in "AB"}, "C": rec("C", status=PeerStatus.STALLED)}
     w.tick(0.0, progress, live="ABC")
-    assert w.tick(11.0, progress, live="ABC") == [Death("D"), Replan("death", 20)]
+    assert w.tick(11.0, progress, live="ABC") == [Death("D"), Replan("death", 20, 20)]
 
 
 def test_a_burst_of_joiners_costs_one_replan_after_the_join_grace() -> None:
     w = Watch(plan())
     assert w.tick(0.0, joiners=["E"]) == []
     assert w.tick(3.0, joiners=["E", "F"]) == []  # a second joiner does not restart the grace ...
-    assert w.tick(5.5, joiners=["E", "F"]) == [Replan("join", 20)]  # ... nor cost a second plan
+    assert w.tick(5.5, joiners=["E", "F"]) == [Replan("join", 20, 20)]  # ... nor cost a second plan
     assert w.memory.joiner_since is None
     assert w.tick(6.0) == []
 
@@ -133,14 +152,14 @@ def test_the_next_tick_comes_when_a_grace_ends_not_a_read_period_later() -> None
     assert w.tick(0.0, joiners=["E"]) == []
     due = next_due(w.memory, 0.0, POLICY)
     assert due is not None and 5.0 < due < 5.2  # the join grace, just past its threshold
-    assert w.tick(due, joiners=["E"]) == [Replan("join", 20)]
+    assert w.tick(due, joiners=["E"]) == [Replan("join", 20, 20)]
     assert next_due(w.memory, due, POLICY) is None
     # a missing peer: the tick at its due time finds it dead; the earliest of several timers comes first
     stuck = {**{p: rec(p) for p in "AB"}, "C": rec("C", status=PeerStatus.STALLED)}
     w.tick(10.0, stuck, live="ABC")
     due = next_due(w.memory, 10.0, POLICY)
     assert due is not None and 13.0 < due < 13.2  # D's grace (3 s) before C's stall (10 s)
-    assert w.tick(due, stuck, live="ABC") == [Death("D"), Replan("death", 20)]
+    assert w.tick(due, stuck, live="ABC") == [Death("D"), Replan("death", 20, 20)]
     # a timer whose time has passed (its tick declined to act) never asks for a tick at once, again and again
     late = Memory(joiner_since=0.0)
     assert next_due(late, 30.0, POLICY) is None
@@ -152,7 +171,7 @@ def test_a_joiner_that_leaves_before_the_grace_costs_nothing() -> None:
     w.tick(0.0, joiners=["E"])
     assert w.tick(4.0) == [] and w.memory.joiner_since is None
     assert w.tick(6.0, joiners=["E"]) == []  # back: its grace starts over
-    assert w.tick(11.5, joiners=["E"]) == [Replan("join", 20)]
+    assert w.tick(11.5, joiners=["E"]) == [Replan("join", 20, 20)]
 
 
 def test_a_spare_that_dies_costs_no_replan() -> None:
@@ -165,7 +184,7 @@ def test_a_peer_the_new_plan_left_out_is_not_mourned_after_the_replan() -> None:
     w = Watch(plan())
     assert w.tick(0.0, joiners=["E"]) == []
     assert w.tick(4.0, live="ABC", joiners=["E"]) == [Missing("D")]
-    assert w.tick(5.1, live="ABC", joiners=["E"]) == [Replan("join", 20)]  # D missing 1.1 s: not dead yet
+    assert w.tick(5.1, live="ABC", joiners=["E"]) == [Replan("join", 20, 20)]  # D missing 1.1 s: not dead yet
     # the join replan planned on the live peers, without D: D is no longer this watch's to declare dead
     w.plan = JobPlan(job_id="j", version=2, num_blocks=2, start_step=20, stop_step=100,
                      pipelines=((StageSlot(peer="A", start=0, end=1), StageSlot(peer="B", start=1, end=2)),
@@ -216,7 +235,7 @@ def test_a_link_below_its_share_for_link_replan_s_is_replanned_around() -> None:
     assert w.tick(25.0, slow, assumed=assumed) == []
     missed = {p: r for p, r in slow.items() if p != "B"}  # B's record missed by one read: the clock runs on
     assert w.tick(40.0, missed, live="ABCD", assumed=assumed) == []
-    assert w.tick(55.0, slow, assumed=assumed) == [LinkDegraded("A", "B", 2e5, 1e6, 30, 40), Replan("link", 20)]
+    assert w.tick(55.0, slow, assumed=assumed) == [LinkDegraded("A", "B", 2e5, 1e6, 30, 40), Replan("link", 20, 20)]
     assert w.memory.degraded_since == {}
     off = Watch(plan(), replace(POLICY, link_degraded_ratio=0.0))  # the default: measured, never replanned for
     assert off.tick(0.0, slow, assumed=assumed) == [] and off.tick(100.0, slow, assumed=assumed) == []

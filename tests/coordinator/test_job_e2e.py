@@ -143,6 +143,10 @@ def test_joiner_mid_run_is_folded_in_and_pulls_verified_state(children: ChildGro
     placed = {s["peer"] for pipe in last["pipelines"] for s in pipe} | set(last["spares"])
     assert late_id in placed
     assert report["plans"][-1]["start_step"] > 0  # restarted at a round boundary, not from scratch
+    # numbered on from the furthest peer, never back: the steps before the join are not trained again
+    join_plan = next(p for p in report["plans"] if p["reason"] == "join")
+    every = spec["sync"]["every"]
+    assert join_plan["start_step"] >= join_step[0] // every * every >= join_plan["state_step"], (join_plan, join_step)
     val = [v for v in report["validation"] if v["loss"] is not None]
     assert val[-1]["loss"] < val[0]["loss"] - 0.5, val
     # the join set nothing back: the last loss after it is no worse than the last one before it, up to noise.

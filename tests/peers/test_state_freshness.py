@@ -10,6 +10,7 @@ spares too, since the holders the plan left out are spares now.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 import torch
@@ -127,3 +128,29 @@ def test_a_donor_is_told_the_plan_its_asker_follows(job: JobSpec, net: Callable[
         assert told and set(told) == {(JOB, 4)}
     finally:
         w.close()
+
+
+def test_a_plan_numbered_past_its_state_floor_adopts_state_from_the_floor_on_and_numbers_on(
+    job: JobSpec, net: Callable[[str], Transport]
+) -> None:
+    # the replan of a swarm whose peers reported steps 17 and 33: numbering goes on at 30, state from 15 on
+    t0, t1 = net("p0"), net("p1")
+    kept = _state(job, t0, step=17, shift=0.5)
+    v2 = replace(_plan(job, 2, "p0", t0, start_step=30), state_step=15)
+    w = StageWorker(job, v2, peer_id="p0", transport=t0, previous_state=kept, previous_plan=_plan(job, 1, "p0", t0))
+    try:
+        assert w.state_source == "own" and digest(w.state().params) == digest(kept.params)
+        assert w.state().step == 30  # the numbering never goes back below the furthest peer's
+    finally:
+        w.close()
+    held = _state(job, t1, step=17, shift=0.25)  # a donor of the slower group: from the floor on, so taken
+    serve_state(t1, lambda: None, lambda: held)
+    t0.connect("p1", t1.address, region="eu")
+    w = StageWorker(job, replace(v2, spares=("p1",)), peer_id="p0", transport=t0, spares=("p1",))
+    try:
+        assert w.state_source == "peers" and digest(w.state().params) == digest(held.params)
+    finally:
+        w.close()
+    older = replace(v2, state_step=20, spares=("p1",))  # a floor past the donor's step: refused as stale
+    with pytest.raises(StateLostError, match="step 20"):
+        StageWorker(job, older, peer_id="p0", transport=t0, spares=("p1",))

@@ -87,3 +87,17 @@ def test_the_live_planner_publishes_pipelines_cut_at_different_boundaries():
         (0, 2, {"QmS0", "QmT0"}), (2, 4, {"QmS0", "QmF0"}), (4, 8, {"QmS1", "QmF0"})]
     # one split for both pipelines would have to fit t0's quarter of the model in its column
     assert out["predicted"]["tokens_per_s"] >= 1.15 * out["baselines"]["uniform_split"]["tokens_per_s"]
+
+
+def test_the_live_planner_refuses_an_empty_swarm_as_infeasible():
+    """A replan whose read of the swarm found nobody (every planned peer missing past its grace) is an
+    InfeasiblePlanError the coordinator reports and waits out, not a malformed scenario that ends the job."""
+    import pytest
+
+    from geotrain.config import job_from_dict
+    from geotrain.coordinator.planning import make_plan
+    from geotrain.errors import InfeasiblePlanError
+
+    job = job_from_dict({"job": {"name": "empty"}, "model": {"preset": "tiny"}})
+    with pytest.raises(InfeasiblePlanError, match="no live peer"):
+        make_plan(job, "empty", version=2, peers={}, links={})
