@@ -251,13 +251,28 @@ def preflight(
 
 
 def swarm_helpers(swarm: Any, *, region: str, count: int) -> list[tuple[str, str, str | None]]:
-    """Helpers from the live swarm: peers (see :func:`helpers_for`), then the jobs' coordinators."""
+    """Helpers from the live swarm: peers (see :func:`helpers_for`), then the jobs' coordinators.
+
+    A peer without the swarm key asks no member of a closed swarm (a record with an admission proof): its
+    data plane refuses the connection, so the question would only cost ``request_timeout_s``; a warning says
+    why nobody was asked.
+    """
+    keyless = getattr(swarm, "admission", None) is None
     peers = swarm.get_peers()
+    closed = sorted(pid for pid, r in peers.items() if keyless and r.admission and pid != swarm.peer_id)
     out = [(r.peer_id, r.endpoint, r.curve_public_key)
-           for r in helpers_for(peers, me=swarm.peer_id, region=region, count=count)]
+           for r in helpers_for({p: r for p, r in peers.items() if p not in closed}, me=swarm.peer_id,
+                                region=region, count=count)]
     for owner, job in sorted(swarm.get_jobs().items()):
+        if keyless and job.admission:
+            continue
         if owner != swarm.peer_id and job.endpoint and job.endpoint.startswith("tcp://"):
             out.append((owner, job.endpoint, job.curve_public_key))
+    if closed and not out:
+        logger.warning("the %d peers of this swarm are members of a closed swarm (their records carry swarm-key "
+                       "proofs): they refuse peers without the key, so none will train with this one; start it "
+                       "with --swarm-key FILE (the swarm's key, made by `geotrain keygen FILE`)",
+                       len(closed))
     return out
 
 

@@ -19,6 +19,7 @@ from geotrain.peers.reachability import (
     may_dial,
     plannable_peers,
     preflight,
+    swarm_helpers,
 )
 from geotrain.plan import StageSlot
 from geotrain.swarm import SwarmConfig
@@ -142,6 +143,33 @@ def test_helpers_are_dialable_peers_from_other_regions_first() -> None:
         "bad": rec("bad", region="us", reachable=False),
     }
     assert [r.peer_id for r in helpers_for(peers, me="me", region="eu", count=5)] == ["far", "same"]
+
+
+class _Swarm:
+    """What :func:`swarm_helpers` reads of a swarm: its records, its id, its admission (None: no swarm key)."""
+
+    def __init__(self, peers: dict[str, PeerRecord], admission: object = None) -> None:
+        self.peers, self.admission, self.peer_id = peers, admission, "me"
+
+    def get_peers(self) -> dict[str, PeerRecord]:
+        return self.peers
+
+    def get_jobs(self) -> dict[str, object]:
+        return {}
+
+
+def test_a_peer_without_the_swarm_key_asks_no_member_of_a_closed_swarm(caplog: pytest.LogCaptureFixture) -> None:
+    # a member's data plane refuses a keyless peer at the handshake: asking it would cost request_timeout_s
+    proof = "ab" * 32
+    members = {p: rec(p, region="us", reachable=True, admission=proof) for p in ("m1", "m2")}
+    assert swarm_helpers(_Swarm({"me": rec("me"), **members}), region="eu", count=4) == []
+    assert "closed swarm" in caplog.text and "--swarm-key" in caplog.text
+    open_peer = rec("o1", region="us", reachable=True)
+    mixed = _Swarm({"me": rec("me"), **members, "o1": open_peer})
+    assert [h[0] for h in swarm_helpers(mixed, region="eu", count=4)] == ["o1"]
+    # a member (the swarm's records are already verified by its Swarm) asks members
+    member = _Swarm({"me": rec("me"), **members}, admission=object())
+    assert sorted(h[0] for h in swarm_helpers(member, region="eu", count=4)) == ["m1", "m2"]
 
 
 def test_plans_take_no_undialable_peer_and_dial_out_peers_only_with_a_relay() -> None:
