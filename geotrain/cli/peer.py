@@ -69,6 +69,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_run)
 
 
+#: seconds the join-time reachability check of a closed swarm's member waits for a helper (see ``_run``)
+CLOSED_JOIN_ASK_S = 3.0
+
+
 def load_admission(path: str | None) -> Any:
     """The swarm-key admission of this process, or None for an open swarm."""
     if path is None:
@@ -160,13 +164,22 @@ def _run(args: argparse.Namespace) -> int:
             agent_ref.append(agent)
             if stop.is_set():
                 return 0
-            from geotrain.peers.reachability import ReachabilityMonitor, reachability_event, run_preflight
+            from geotrain.peers.reachability import (
+                ReachabilityConfig,
+                ReachabilityMonitor,
+                reachability_event,
+                run_preflight,
+            )
 
             def on_reach(result: Any) -> None:
                 _emit(reachability_event(result, transport=transport, dht_port=_dht_port(swarm),
                                          dht_maddrs=swarm.visible_maddrs(), client_mode=config.client_mode))
 
-            on_reach(run_preflight(transport, swarm, region=args.region))  # before the record is first published
+            # before the record is first published; in a closed swarm no member admits this peer's key before
+            # that (unless a record of this identity is still live), so it asks briefly and the monitor asks again
+            # once the record is out, instead of the join waiting out a whole request timeout
+            first = ReachabilityConfig(request_timeout_s=CLOSED_JOIN_ASK_S) if swarm.admission is not None else None
+            on_reach(run_preflight(transport, swarm, region=args.region, config=first))
             ReachabilityMonitor(transport, swarm, region=args.region, on_result=on_reach).start()
             record = agent.start()
             _emit({
