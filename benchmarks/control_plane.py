@@ -221,18 +221,25 @@ def run_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
             job.write_text(TRAIN_JOB.format(n=n + 1))
             coord = group.start("run", ["run", str(job), "--initial-peers", *maddrs, "--port", str(DATA_BASE + 999),
                                         "--dht-port", str(DHT_BASE + 998),
-                                        "--report-dir", str(state / "report"), "--json"], prefix=ns.prefix)
+                                        "--report-dir", str(state / "report"), "--json",
+                                        "--full-read-every", str(args.full_read_every)], prefix=ns.prefix)
             _wait_training(coord, timeout=300 + 20 * n)
             _settle(args.settle)
-            tok0 = _tokens(coord)
+            reads0: dict[str, int] = {}
+            tok0 = _tokens(coord, reads0)
             c0, t0, cpu0 = ns.counters(), time.monotonic(), _cpu_s([coord.pid])
             _settle(args.window)
             d, dt = _delta(c0, ns.counters()), time.monotonic() - t0
             cpu = _cpu_s([coord.pid]) - cpu0
-            tokens = _tokens(coord) - tok0
+            reads = dict(reads0)
+            tokens = _tokens(coord, reads) - tok0
             figures["train_dht_bps_per_peer"] = d.get("dht", d["total"]) / dt / (n + 1)
             _emit({"bench": "control_plane", "phase": "train", "peers": n + 1, "window_s": round(dt, 1),
                    "coordinator_cpu_s_per_min": round(cpu / dt * 60, 2), "tokens_in_window": tokens,
+                   "full_read_every_s": args.full_read_every,
+                   # the watch's ticks in the window: covered by the region digests, and full reads
+                   "watch_ticks_covered": reads.get("covered", 0) - reads0.get("covered", 0),
+                   "watch_full_reads": reads.get("full", 0) - reads0.get("full", 0),
                    **{f"{k}_bytes_per_peer_s": round(v / dt / (n + 1), 1) for k, v in d.items()}})
     return figures
 
@@ -253,12 +260,15 @@ def _wait_training(coord: Child, timeout: float) -> None:
     raise RuntimeError("the job did not start training in time")
 
 
-def _tokens(coord: Child) -> int:
-    """The coordinator's newest count of trained tokens (its progress events so far)."""
+def _tokens(coord: Child, reads: dict[str, int] | None = None) -> int:
+    """The coordinator's newest count of trained tokens (its progress events so far); ``reads`` gets its
+    newest count of the watch's reads (digest ticks, ticks they covered, full reads)."""
     tokens = 0
     while (ev := coord.next_event(timeout=0.01)) is not None:
         if ev.get("event") == "progress":
             tokens = int(ev.get("tokens", 0))
+            if reads is not None and isinstance(ev.get("watch_reads"), dict):
+                reads.update(ev["watch_reads"])
     return tokens
 
 
@@ -290,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train", action="store_true", help="also measure while training a tiny job")
     ap.add_argument("--per-port", type=int, default=0, metavar="K", help="also count the DHT bytes of peers 0..K-1")
     ap.add_argument("--train-max", type=int, default=8, help="largest N trained (CPU: every peer computes)")
+    ap.add_argument("--full-read-every", type=float, default=60.0, metavar="S",
+                    help="the coordinator's --full-read-every (0: every progress record every tick, no digests)")
     args = ap.parse_args(argv)
     if os.geteuid() != 0 or shutil.which("ip") is None:
         _emit({"bench": "control_plane", "skipped": "needs root and iproute2 (a network namespace per run)"})

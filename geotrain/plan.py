@@ -121,6 +121,32 @@ class JobPlan:
     def peers(self) -> list[str]:
         return [slot.peer for pipe in self.pipelines for slot in pipe]
 
+    def collector(self, region: str) -> str | None:
+        """The peer that gathers ``region``'s progress into one digest (:mod:`geotrain.swarm.digest`): its first
+        plan peer in pipeline order that others can dial (None when the plan has none there). Every peer derives
+        the same one from the plan."""
+        if not region:
+            return None
+        for pipe in self.pipelines:
+            for slot in pipe:
+                if slot.region == region and slot.endpoint.startswith("tcp://"):
+                    return slot.peer
+        return None
+
+    def spare_collector(self, region: str) -> str | None:
+        """Where a spare of ``region`` sends its progress line: its region's collector, else (no plan peer
+        there) the first region's."""
+        first = next((s.region for pipe in self.pipelines for s in pipe if s.endpoint.startswith("tcp://")), "")
+        return self.collector(region) or self.collector(first)
+
+    def region_of(self, peer: str) -> str:
+        """The region the plan placed ``peer`` in ("" for a spare or a peer not in the plan)."""
+        for pipe in self.pipelines:
+            for slot in pipe:
+                if slot.peer == peer:
+                    return slot.region
+        return ""
+
     def hop_codec(self, pipeline: int, hop: int) -> tuple[str, str]:
         """(activation, activation-grad) codec of the hop from stage ``hop`` to ``hop + 1``."""
         if pipeline < len(self.hop_codecs) and hop < len(self.hop_codecs[pipeline]):

@@ -45,8 +45,21 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(same --job-id), the peers holding the state")
     p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                    help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics (0: any free port)")
+    p.add_argument("--full-read-every", type=_seconds, default=60.0, metavar="SECONDS",
+                   help="read every peer's own progress record at least this often (default 60); between, the "
+                        "watch reads one progress digest per region. 0: every tick (the digests are not used)")
     p.add_argument("--json", action="store_true", help="JSON lines instead of the live view")
     p.set_defaults(handler=_run)
+
+
+def _seconds(text: str) -> float:
+    try:
+        x = float(text)
+        if not x >= 0 or x == float("inf"):
+            raise ValueError(x)
+        return x
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0; got {text!r}") from None
 
 
 def parse_egress(text: str) -> dict[str, float]:
@@ -92,6 +105,7 @@ def run_coordinator(
     dht_port: int = 0,
     announce: str | None = None,
     nat: bool = False,
+    full_read_every_s: float = 60.0,
 ) -> dict[str, Any]:
     """Run one job to its end and return the report (used by ``geotrain run`` and ``geotrain demo``)."""
     from geotrain.config import load_job
@@ -130,6 +144,7 @@ def run_coordinator(
         try:
             coord = Coordinator(
                 CoordinatorConfig(job_id=job_id, report_dir=out, resume=resume is not None,
+                                  full_read_every_s=full_read_every_s,
                                   egress_usd_per_gb=egress_usd_per_gb if isinstance(egress_usd_per_gb, dict)
                                   else {"*": egress_usd_per_gb}),
                 spec,
@@ -162,7 +177,7 @@ def _run(args: argparse.Namespace) -> int:
         initial_peers=args.initial_peers, job_id=args.job_id, identity_path=args.identity,
         report_dir=args.report_dir, host=args.host, swarm_name=args.swarm, egress_usd_per_gb=args.egress, stop=stop,
         resume=args.resume, swarm_key=args.swarm_key, port=args.port, dht_port=args.dht_port,
-        announce=args.announce, nat=args.nat,
+        announce=args.announce, nat=args.nat, full_read_every_s=args.full_read_every,
     )
     metrics = None
     if args.metrics_port is not None:

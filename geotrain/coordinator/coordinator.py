@@ -47,6 +47,7 @@ from geotrain.coordinator.decide import (
     decide,
     next_due,
 )
+from geotrain.coordinator.digests import cover
 from geotrain.coordinator.planning import egress_price, make_plan, with_passive
 from geotrain.coordinator.report import write_report
 from geotrain.errors import GeotrainError, InfeasiblePlanError, SwarmError
@@ -71,6 +72,9 @@ class CoordinatorConfig:
     # progress records change at; peers' news of a stall or the end wakes the watch at once
     watch_every_s: float = 10.0
     peers_every_s: float = 30.0  # the peer records while the job runs (at once when a new peer reports progress)
+    # every peer's own progress record, however well the region digests cover the plan (a digest is a hint: a
+    # lying collector keeps a dead peer looking alive this long at most)
+    full_read_every_s: float = 60.0
     replan_grace_s: float = 3.0
     stall_replan_s: float = 10.0  # a plan peer stalled (a neighbour failed it) this long gets a fresh plan
     join_grace_s: float = 5.0
@@ -132,6 +136,9 @@ class Coordinator:
         self._passive: dict[tuple[str, str], tuple[float, float]] = {}
         self._assumed: dict[tuple[str, str], float] = {}
         self._peers_read: tuple[float, dict[str, PeerRecord]] | None = None  # (when, the peer records then)
+        self._full_read: tuple[float, dict[str, ProgressRecord]] | None = None  # (when, the progress records then)
+        # the watch's reads: ticks that read the digests, those the digests covered, full reads of every record
+        self.reads = {"digest": 0, "covered": 0, "full": 0}
         if transport is not None:
             serve_news(transport, PROGRESS_NEWS, self._progress_news)
         sw = job.swarm
@@ -162,6 +169,37 @@ class Coordinator:
         return None if due is None else due - now
 
     def _read_view(self, *, every_replica: bool = False) -> tuple[dict[str, ProgressRecord], dict[str, PeerRecord]]:
+        """This job's progress and the live peer records, read quietly.
+
+        From the region digests (O(regions) records: :mod:`geotrain.swarm.digest`) laid over the last full
+        read, when they cover every plan peer and spare and say nothing moved that only a peer's own record
+        details; else, after news, with ``every_replica``, and every ``full_read_every_s``, from every peer's
+        own record (:meth:`_read_full`).
+        """
+        now = self._clock()
+        last = self._full_read
+        if not (every_replica or self._progress_news.had_news or last is None or self._peers_read is None
+                or now - last[0] >= self.config.full_read_every_s):
+            assert self.plan is not None
+            try:
+                digests = self.swarm.get_digests()
+            except GeotrainError as e:
+                logger.info("DHT read of the region digests failed: %s", e)
+                digests = {}
+            self.reads["digest"] += 1
+            if digests:
+                everyone = self._peers_read[1]
+                merged, why = cover(self.plan, digests, last[1])
+                if why is None:
+                    self.reads["covered"] += 1
+                    return merged, everyone
+                logger.debug("reading every progress record: %s", why)
+        progress, everyone = self._read_full(every_replica=every_replica)
+        self._full_read = (now, progress)
+        self.reads["full"] += 1
+        return progress, everyone
+
+    def _read_full(self, *, every_replica: bool = False) -> tuple[dict[str, ProgressRecord], dict[str, PeerRecord]]:
         """This job's progress records and the live peer records, read quietly.
 
         First from one replica each (a fifth of the bytes of reading every replica); only when that
@@ -585,7 +623,8 @@ class Coordinator:
             r.throughput[-1]["tokens_per_s"] = 0.0
         self._emit({"event": "progress", "t_s": round(self._t(), 1), "tokens": tokens,
                     "peers": {pid: {"step": p.step, "loss": p.loss, "round": p.round,
-                                    "status": p.status.value} for pid, p in r.last_progress.items()}})
+                                    "status": p.status.value} for pid, p in r.last_progress.items()},
+                    "watch_reads": dict(self.reads)})
 
     def _plan_wire(self, plan: JobPlan) -> dict[str, Any]:
         """A plan's DHT form, with the newest checkpoint manifest beside it (what a fresh coordinator reads when
@@ -820,6 +859,8 @@ class Coordinator:
             "events": r.events,
             "checkpoints": {"dir": self.job.checkpoint.dir, "manifest": self._last_manifest,
                             "last_round": max((p.round for p in r.last_progress.values()), default=0)},
+            # the watch's ticks: read the region digests / covered by them / read every peer's own record
+            "control_plane": {"watch_reads": dict(self.reads)},
             "summary": summary,
         }
         path = write_report(self.config.report_dir, report)

@@ -49,6 +49,7 @@ from geotrain.peers.localise import localise_job
 from geotrain.peers.probe import ProbeConfig, measure_link, serve_probes
 from geotrain.plan import JobPlan
 from geotrain.swarm import Swarm
+from geotrain.swarm.digest import DigestRelay
 from geotrain.swarm.news import JOB_NEWS, PLAN_NEWS, PROGRESS_NEWS, Contact, NewsWaiter, send_news, serve_news
 from geotrain.swarm.probe_targets import probe_targets
 from geotrain.swarm.records import (
@@ -127,6 +128,8 @@ class PeerAgent:
     (the others only read the reference); the probe thread owns ``_links``, ``_probed_at`` and the allow-list,
     and only tests ``_worker is None`` (a hint that paces its probes) without the lock.
     Nothing slow (a worker's build, close or step, a DHT write) runs while holding ``_lock``.
+    ``_digests`` (built at start) owns its own state behind its own lock (:class:`DigestRelay`): the progress
+    writers hand it each record written, the handler pool its region's lines when this peer collects them.
     """
 
     def __init__(self, config: AgentConfig, *, swarm: Swarm, transport: Transport, emit: Emit | None = None) -> None:
@@ -171,6 +174,7 @@ class PeerAgent:
         self._store: Any = None  # StateStore of config.state_dir, built at start
         self._lost: Any = None  # StateLostError of the current plan: blocks nobody holds (progress reports them)
         self._ranks: Any = None  # LocalRanks: this peer's other local ranks (config.devices), started at start
+        self._digests: DigestRelay | None = None  # built at start
 
     # -- setup ------------------------------------------------------------------------------------
     def start(self) -> PeerRecord:
@@ -244,6 +248,10 @@ class PeerAgent:
         self.transport.on_newer_plan(self._plan_news.poke)
         serve_news(self.transport, PLAN_NEWS, self._plan_news)
         serve_news(self.transport, JOB_NEWS, self._plan_news)
+        # this peer's line of its region's progress digest (or, as the region's collector, the digest itself)
+        self._digests = DigestRelay(self.transport, self.swarm, region=self.config.region,
+                                    plan=lambda: self._locked("_plan"))
+        self._digests.serve()
         hb = self.swarm.start_heartbeat(make_record)
         hb.wait_first(timeout=self.swarm.config.timeout_s)
         for target, name in ((self._probe_loop, "probe"),):
@@ -614,6 +622,8 @@ class PeerAgent:
         return 0
 
     def _close_local(self) -> None:
+        if self._digests is not None:
+            self._digests.close()
         if self._store is not None:
             self._store.close()
         if self._ranks is not None:
@@ -811,28 +821,30 @@ class PeerAgent:
         links_in = {src: InboundLinkReport(bandwidth_bps=m.bandwidth_bps, messages=m.messages, queued=m.queued)
                     for src, m in sorted(self.transport.inbound_links().items())
                     if m.bandwidth_bps is not None and src in plan_peers}
+        record = ProgressRecord(
+            peer_id=self.peer_id,
+            job_id=plan.job_id,
+            plan_version=plan.version,
+            step=step,
+            loss=loss,
+            tokens=tokens,
+            round=rnd,
+            bytes_sent=int(sum(sent.values())),
+            bytes_received=int(received),
+            updated_at=time.time(),
+            stats=stats,
+            status=status,
+            shards=self._shards(plan.job_id),
+            links_in=dict(list(links_in.items())[:8]),
+        )
+        period = self._liveness_s()
+        ttl = self.swarm.config.liveness_ttl_s(period)
         try:
-            self.swarm.publish_progress(
-                ProgressRecord(
-                    peer_id=self.peer_id,
-                    job_id=plan.job_id,
-                    plan_version=plan.version,
-                    step=step,
-                    loss=loss,
-                    tokens=tokens,
-                    round=rnd,
-                    bytes_sent=int(sum(sent.values())),
-                    bytes_received=int(received),
-                    updated_at=time.time(),
-                    stats=stats,
-                    status=status,
-                    shards=self._shards(plan.job_id),
-                    links_in=dict(list(links_in.items())[:8]),
-                ),
-                ttl_s=self.swarm.config.liveness_ttl_s(self._liveness_s()),
-            )
+            self.swarm.publish_progress(record, ttl_s=ttl)
         except GeotrainError as e:
             logger.info("progress not published: %s", e)
+        if self._digests is not None:
+            self._digests.published(record, period_s=period, ttl_s=ttl)
 
 
 def _curve_key(rec: PeerRecord) -> bytes | None:

@@ -21,9 +21,16 @@ Per peer, idle (joined, no job): a heartbeat every ``heartbeat_s``, a quick read
 republished every ``links_ttl_s / 2``. In a job it reads the peer list every ``view_in_plan_s`` at
 least, and adds a progress write every ``liveness_s`` and at each round (the progress record is the job's
 liveness signal); the peer record is kept by ``liveness_replicas`` of the key's nearest nodes, the
-progress record by ``progress_replicas``, the others by 5. The plan (O(N) bytes) is read only when the job record's version pointer moves, i.e. once per replan, which this steady-state figure leaves out. The coordinator reads the
-progress dictionary (quick) every ``coordinator_watch_s`` and the peer dictionary every ``coordinator_peers_s`` and writes the plan each round (its
-manifest): its reads per minute are constant, their bytes O(N) (it does not yet read aggregated progress).
+progress record by ``progress_replicas``, the others by 5. The plan (O(N) bytes) is read only when the job
+record's version pointer moves, i.e. once per replan, which this steady-state figure leaves out.
+
+Each region's collector writes its region's progress digest (``digest_record`` plus ``digest_line`` per
+member, to ``progress_replicas``) every ``liveness_s``; its members' lines reach it over the data plane, not
+the DHT, and are not counted here. The coordinator reads the ``regions`` digests (quick) every
+``coordinator_watch_s``, every peer's progress record and the peer dictionary (quick) every
+``coordinator_full_s`` (the peer dictionary no sooner than ``coordinator_peers_s``), and writes the plan each
+round (its manifest): its reads per minute are constant; their bytes are O(N), but a member costs a digest
+line per watch (``digest_line``) instead of a signed record.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ class Cadence:
     links_ttl_s: float = 480.0  # SwarmConfig.links_ttl_s: a link row's lifetime (republished at half)
     coordinator_watch_s: float = 10.0  # CoordinatorConfig.watch_every_s (the job's heartbeat_s when shorter)
     coordinator_peers_s: float = 30.0  # CoordinatorConfig.peers_every_s
+    coordinator_full_s: float = 60.0  # CoordinatorConfig.full_read_every_s: every peer's own progress record
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,8 @@ class DHTCosts:
     link_row: float = 600.0  # plus ~60 bytes per measured link
     job_record: float = 2500.0
     plan_record_per_peer: float = 250.0
+    digest_record: float = 900.0  # a region digest's own fields, owner key and signature
+    digest_line: float = 170.0  # one member's line of it (its peer id and progress, msgpack)
     find_answer: float = 1200.0  # one node's answer to a lookup: up to 20 nearest nodes' ids and addresses
 
     def store(self, v: float, replicas: int | None = None, peers: int | None = None) -> float:
@@ -120,10 +130,17 @@ def control_plane_cost(
         per_round = 0.0 if not round_s else 1.0 / round_s
         peer += d.store(d.progress_record, d.progress_replicas, n) * (1.0 / c.liveness_s + per_round)
         peer += d.relookup_per_s(n)
-        # the progress dictionary every watch, the peer dictionary every coordinator_peers_s (sooner only on joins)
-        reads = 60.0 / c.coordinator_watch_s + 60.0 / c.coordinator_peers_s
-        coordinator = (d.read(n, d.progress_record, replicas=d.progress_replicas, peers=n) / c.coordinator_watch_s
-                       + d.read(n, d.peer_record, replicas=d.liveness_replicas, peers=n) / c.coordinator_peers_s
+        # each region's collector writes its digest every liveness period (one writer per region)
+        k = max(1, min(regions, n))
+        digest = d.digest_record + d.digest_line * n / k
+        peer += k * d.store(digest, d.progress_replicas, n) / c.liveness_s / n
+        # the digests every watch (sooner only on news), every record every coordinator_full_s
+        full_s = max(c.coordinator_full_s, c.coordinator_watch_s)
+        peers_s = max(c.coordinator_peers_s, full_s)
+        reads = 60.0 / c.coordinator_watch_s + 60.0 / full_s + 60.0 / peers_s
+        coordinator = (d.read(k, digest, replicas=d.progress_replicas, peers=n) / c.coordinator_watch_s
+                       + d.read(n, d.progress_record, replicas=d.progress_replicas, peers=n) / full_s
+                       + d.read(n, d.peer_record, replicas=d.liveness_replicas, peers=n) / peers_s
                        + d.store(d.plan_record_per_peer * n, peers=n) * per_round)
     return {
         "peers": n, "training": training, "round_s": round_s,

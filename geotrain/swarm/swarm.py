@@ -29,7 +29,15 @@ from pydantic import ValidationError
 from geotrain.errors import BootstrapError, ConfigError, DHTTimeoutError, RecordError, SwarmError
 from geotrain.swarm.identity import Identity, peer_id_from_public_key
 from geotrain.swarm.msgpack_guard import install_decode_guard, scan_msgpack
-from geotrain.swarm.records import JobRecord, LinkRow, PeerRecord, PlanRecord, ProgressRecord, _Record
+from geotrain.swarm.records import (
+    JobRecord,
+    LinkRow,
+    PeerRecord,
+    PlanRecord,
+    ProgressRecord,
+    RegionDigest,
+    _Record,
+)
 from geotrain.swarm.schema import build_validators, dht_key
 
 if TYPE_CHECKING:
@@ -402,6 +410,15 @@ class Swarm:
         return self._publish("progress", progress, min(ttl_s or self.config.record_ttl_s, self.config.max_ttl_s),
                              replicas=self.config.progress_replicas)
 
+    def publish_digest(self, digest: RegionDigest, *, ttl_s: float) -> bool:
+        """Publish the progress digest of this peer's region (its collector does, :mod:`geotrain.peers.digest`).
+
+        Stored on ``progress_replicas`` nodes like a progress record; it replaces this peer's previous digest.
+        """
+        self._check_own(digest.collector, "collector")
+        return self._publish("digest", digest, min(ttl_s, self.config.max_ttl_s),
+                             replicas=self.config.progress_replicas)
+
     def start_heartbeat(self, make_record: Callable[[], PeerRecord]) -> Heartbeat:
         """Republish ``make_record()`` every ``heartbeat_s`` in a background thread (first one now)."""
         from geotrain.swarm.heartbeat import Heartbeat
@@ -463,6 +480,11 @@ class Swarm:
     def get_progress(self, *, thorough: bool = True) -> dict[str, ProgressRecord]:
         """Live progress records by peer id (``thorough=False``: one replica's copy, as for :meth:`get_peers`)."""
         return self._members_only(self._get("progress", ProgressRecord, owner_field="peer_id", thorough=thorough))
+
+    def get_digests(self, *, thorough: bool = False) -> dict[str, RegionDigest]:
+        """Live region digests by collector peer id (a digest naming another collector than its signer is
+        dropped). Quick by default: one replica's copy, which is what a coordinator's tick needs."""
+        return self._members_only(self._get("digest", RegionDigest, owner_field="collector", thorough=thorough))
 
     # -- internals -------------------------------------------------------------------------------
     def _require(self) -> SwarmDHT:

@@ -21,7 +21,9 @@ def test_the_models_cadence_is_the_one_peers_and_coordinators_run_with() -> None
     assert DHTCosts().progress_replicas == SwarmConfig().progress_replicas
     assert a.watch_idle_s == c.watch_s
     assert c.links_ttl_s == SwarmConfig().links_lifetime_s
-    assert c.coordinator_watch_s == CoordinatorConfig(job_id="j", report_dir=".").watch_every_s  # type: ignore[arg-type]
+    coordinator = CoordinatorConfig(job_id="j", report_dir=".")  # type: ignore[arg-type]
+    assert c.coordinator_watch_s == coordinator.watch_every_s
+    assert (c.coordinator_peers_s, c.coordinator_full_s) == (coordinator.peers_every_s, coordinator.full_read_every_s)
 
 
 def test_a_peers_cost_does_not_grow_with_the_swarm_and_the_coordinator_reads_a_constant_number_of_times() -> None:
@@ -33,9 +35,13 @@ def test_a_peers_cost_does_not_grow_with_the_swarm_and_the_coordinator_reads_a_c
         assert per_peer[32] / per_peer[8] <= 2.0, per_peer
     reads = {n: control_plane_cost(n, round_s=60.0)["coordinator_reads_per_min"] for n in (8, 1000)}
     assert reads[8] == reads[1000] > 0
-    # its bytes do grow with N (it reads every peer's progress, not yet aggregated), linearly
-    coord = {n: control_plane_cost(n, round_s=60.0)["coordinator_bytes_s"] for n in (100, 1000)}
+    # its bytes do grow with N (a digest line per member each watch, every record each full read), linearly,
+    # and the digests cut them several times against reading every record each watch
+    coord = {n: control_plane_cost(n, regions=4, round_s=60.0)["coordinator_bytes_s"] for n in (100, 1000)}
     assert 5 < coord[1000] / coord[100] < 11
+    every_tick = Cadence(coordinator_full_s=Cadence().coordinator_watch_s)
+    flat = control_plane_cost(1000, regions=4, round_s=60.0, cadence=every_tick)["coordinator_bytes_s"]
+    assert flat / coord[1000] > 2.5, (flat, coord)
 
 
 def test_a_node_that_is_one_of_a_keys_replicas_writes_and_reads_that_copy_locally() -> None:

@@ -8,7 +8,18 @@ import pytest
 from pydantic import ValidationError
 
 from geotrain.swarm.identity import Identity
-from geotrain.swarm.records import JobRecord, LinkMeasurement, LinkRow, PeerRecord, PlanRecord, ProgressRecord
+from geotrain.swarm.records import (
+    RECORD_KINDS,
+    JobRecord,
+    LinkMeasurement,
+    LinkRow,
+    MemberProgress,
+    PeerRecord,
+    PeerStatus,
+    PlanRecord,
+    ProgressRecord,
+    RegionDigest,
+)
 from geotrain.swarm.schema import build_validators, dht_key
 
 
@@ -101,7 +112,15 @@ def test_honest_records_of_every_kind_pass_the_chain(owner: Identity, chain) -> 
             updated_at=now,
             stats={"util": 0.9},
         ),  # fmt: skip
+        "digest": RegionDigest(
+            collector=owner.peer_id, job_id="j", plan_version=2, region="eu-west", updated_at=now,
+            members={owner.peer_id: MemberProgress(plan_version=2, step=10, round=1, tokens=1000, loss=2.5,
+                                                   status=PeerStatus.TRAINING, updated_at=now, shard_step=8),
+                     "QmX": MemberProgress(plan_version=2, step=9, round=1, tokens=0, status=PeerStatus.IDLE,
+                                           updated_at=now)},
+        ),
     }
+    assert set(values) == set(RECORD_KINDS)
     from hivemind.utils import MSGPackSerializer
 
     for kind, model in values.items():
@@ -159,6 +178,16 @@ def test_each_defect_is_refused(owner: Identity, chain) -> None:  # type: ignore
         make_record(owner, "job", {"job_id": "j", "spec": {"x": deep}, "published_at": 1.0}, signer=chain)
     )
     assert not chain.validate(make_record(owner, "peers", {**honest, "device": "x" * 9000}, signer=chain))
+
+    # a digest line of the wrong shape, or with a status no version knows
+    line = {"plan_version": 1, "step": 1, "round": 0, "tokens": 0, "loss": None, "status": "training",
+            "updated_at": 1.0, "shard_step": None, "links": 0, "lost": False}
+    digest = {"collector": owner.peer_id, "job_id": "j", "plan_version": 1, "region": "eu-west", "updated_at": 1.0}
+    assert chain.validate(make_record(owner, "digest", {**digest, "members": {"QmA": line}}, signer=chain))
+    assert not chain.validate(make_record(owner, "digest", {**digest, "members": {"QmA": {**line, "step": "1"}}},
+                                          signer=chain))
+    assert not chain.validate(make_record(owner, "digest", {**digest, "members": {"QmA": {**line, "status": "boss"}}},
+                                          signer=chain))
 
     # after all that, the honest record still validates
     assert chain.validate(make_record(owner, "peers", honest, signer=chain))
