@@ -15,6 +15,7 @@ import pytest
 
 from geotrain.errors import BootstrapError, RecordError
 from geotrain.swarm import JobRecord, LinkMeasurement, LinkRow, PeerRecord, ProgressRecord, Swarm, SwarmConfig
+from geotrain.swarm.records import MemberProgress, PeerStatus, RegionDigest
 
 from .helpers import RawClient, dead_maddr, nested_list_value, nested_tuple_bytes, wait_until
 
@@ -63,6 +64,13 @@ def test_publish_and_read_every_kind(pair: tuple[Swarm, Swarm]) -> None:
     assert wait_until(lambda: member.get_jobs(), 15)[boot.peer_id].spec == {"steps": 10}
     with pytest.raises(RecordError, match="not this peer's id"):
         member.publish_peer(peer_record(boot.peer_id))  # a peer cannot publish in another's name
+    line = MemberProgress(plan_version=1, step=4, round=0, tokens=64, status=PeerStatus.TRAINING, updated_at=now)
+    digest = RegionDigest(collector=member.peer_id, job_id="j1", plan_version=1, region="us-east", updated_at=now,
+                          members={member.peer_id: line, boot.peer_id: line})
+    assert member.publish_digest(digest, ttl_s=30.0)
+    assert wait_until(lambda: boot.get_digests(), 15)[member.peer_id] == digest
+    with pytest.raises(RecordError, match="not this peer's id"):
+        boot.publish_digest(digest, ttl_s=30.0)  # nor collect in another's name
 
 
 def test_an_ephemeral_identity_leaves_no_key_on_disk_once_started(
