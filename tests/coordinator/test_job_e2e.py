@@ -62,6 +62,7 @@ def test_killed_peer_is_replanned_and_job_finishes(children: ChildGroup, tmp_pat
     events: list[dict[str, Any]] = []
     killed, replanned, done = threading.Event(), threading.Event(), threading.Event()
     victim: list[str] = []
+    covered_at_kill: list[int] = []
     index = {r["peer_id"]: i for i, r in enumerate(swarm.ready)}
 
     def on_event(e: dict[str, Any]) -> None:
@@ -71,16 +72,20 @@ def test_killed_peer_is_replanned_and_job_finishes(children: ChildGroup, tmp_pat
         elif e.get("event") == "validation" and replanned.is_set() and e["step"] >= 200:
             done.set()  # the coordinator ends its watch and writes the report (with a final evaluation)
         elif e.get("event") == "progress" and not killed.is_set():
-            # a peer the plan uses (training; spares never train), a few steps in
+            # a peer the plan uses (training; spares never train), once the watch follows the job from the region
+            # digests (its death must be seen through them), or a while in (then the test fails, saying so)
             training = [pid for pid, p in e["peers"].items() if p["status"] == "training" and p["step"] >= 6]
-            if training:
+            covered = e["watch_reads"]["covered"]
+            if training and (covered >= 2 or max(e["peers"][p]["step"] for p in training) >= 1500):
                 victim.append(training[0])
+                covered_at_kill.append(covered)
                 killed.set()
                 children.kill(swarm.peers[index[training[0]]], signal.SIGKILL)
 
     report = run_coordinator(None, initial_peers=swarm.maddrs, job_id="e2e-kill", report_dir=tmp_path,
                              emit=on_event, job=job, stop=done)
     assert killed.is_set()
+    assert covered_at_kill[0] >= 2, f"the watch never read the job from the region digests: {report['control_plane']}"
     kinds = [e["kind"] for e in report["events"]]
     assert "death" in kinds and "replan" in kinds
     assert report["summary"]["plan_versions"] >= 2
