@@ -95,7 +95,9 @@ class AgentConfig:
     watch_every_s: float = 30.0
     watch_idle_s: float = 30.0
     view_every_s: float = 30.0
-    view_per_peer_s: float = 4.0
+    # the peer list costs one O(N) answer per read: 8 s per peer keeps it ~0.2 KB/s per peer at any N (at 4 s it
+    # was the largest idle term, and the one hivemind answers locally in a small swarm: the idle growth with N)
+    view_per_peer_s: float = 8.0
     view_in_plan_s: float = 90.0
     progress_every_s: float = 10.0
     stall_wait_s: float = 120.0

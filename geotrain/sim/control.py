@@ -49,7 +49,7 @@ class Cadence:
     liveness_s: float = 10.0  # the job's swarm.heartbeat_s (and AgentConfig.progress_every_s): progress
     watch_s: float = 30.0  # AgentConfig.watch_every_s (news wakes it sooner)
     view_s: float = 30.0  # AgentConfig.view_every_s
-    view_per_peer_s: float = 4.0  # AgentConfig.view_per_peer_s
+    view_per_peer_s: float = 8.0  # AgentConfig.view_per_peer_s
     view_in_plan_s: float = 90.0  # AgentConfig.view_in_plan_s: the peer list's floor while in a plan
     links_ttl_s: float = 480.0  # SwarmConfig.links_ttl_s: a link row's lifetime (republished at half)
     coordinator_watch_s: float = 10.0  # CoordinatorConfig.watch_every_s (the job's heartbeat_s when shorter)

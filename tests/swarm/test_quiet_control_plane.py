@@ -111,7 +111,7 @@ def test_the_coordinator_tells_each_new_peer_of_its_job_once(monkeypatch: Any) -
 def test_a_peer_in_a_plan_reads_the_peer_list_at_its_slow_in_plan_period() -> None:
     """The peer list is O(N) bytes per read; a peer in a plan probes nobody and its plan names its partners: it
     reads the list every ``view_in_plan_s`` (a refused key or a new plan still wakes it at once)."""
-    agent, _, _ = _agent(view_every_s=30.0, view_per_peer_s=4.0, view_in_plan_s=90.0)
+    agent, _, _ = _agent(view_every_s=30.0, view_per_peer_s=8.0, view_in_plan_s=90.0)
     agent._started -= 1000.0  # past its first view_every_s
     agent._seen = 8
     periods: list[float] = []
@@ -125,7 +125,7 @@ def test_a_peer_in_a_plan_reads_the_peer_list_at_its_slow_in_plan_period() -> No
     agent._probe_once = lambda: False  # type: ignore[method-assign]
     agent._wait_view = wait  # type: ignore[method-assign]
     agent._probe_loop()
-    assert periods == [32.0, 90.0]  # N x 4 s before the plan; 90 s in it
+    assert periods == [64.0, 90.0]  # N x 8 s before the plan; 90 s in it
 
 
 def test_the_liveness_records_can_go_to_fewer_replicas_than_the_others() -> None:
