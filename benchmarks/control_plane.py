@@ -195,7 +195,7 @@ def run_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
             peers.append(group.start(f"peer{i}", _peer_cmd(i, maddrs, region, args, state), prefix=ns.prefix))
         for p in peers:
             p.wait_event("ready", timeout=60 + 10 * n)
-        figures["settle_s"] = _settle_quiet(ns, args.settle, max_s=args.settle + 20 * n)
+        figures["settle_s"] = _settle_quiet(ns, args.settle, max_s=args.settle + 10 * n)
         c0, t0 = ns.counters(), time.monotonic()
         _settle(args.window)
         d, dt = _delta(c0, ns.counters()), time.monotonic() - t0
