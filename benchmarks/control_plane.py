@@ -127,6 +127,20 @@ class Namespace:
             out["data"] = counts[4 + k] + counts[5 + k]
         return out
 
+    def dht_sockets(self) -> int | None:
+        """Established TCP sockets of the DHT nodes (libp2p): one per node and open connection (None: no ``ss``)."""
+        if shutil.which("ss") is None:
+            return None
+        out = self.run(["ss", "-Htn", "state", "established"])
+        # "Recv-Q Send-Q LOCAL:PORT PEER:PORT": the first address of a line is the socket's own
+        addrs = [[f for f in line.split() if ":" in f] for line in out.splitlines()]
+        ports = [a[0].rsplit(":", 1)[1] for a in addrs if len(a) >= 2]
+        return sum(1 for p in ports if p.isdigit() and DHT_BASE <= int(p) <= DHT_BASE + 999)
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)
+
 
 def _delta(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
     return {k: b[k] - a[k] for k in b}
@@ -201,8 +215,13 @@ def run_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
         d, dt = _delta(c0, ns.counters()), time.monotonic() - t0
         figures["idle_bps_per_peer"] = d["total"] / dt / n
         figures["idle_dht_bps_per_peer"] = d.get("dht", d["total"]) / dt / n
+        # libp2p keeps every connection a node opened (its connection manager prunes past 256): the idle cost
+        # that grows with N beyond what the DHT's operations explain may be per connection (keep-alives)
+        sockets = ns.dht_sockets()
+        figures["dht_connections_per_node"] = None if sockets is None else sockets / (n + 1)
         _emit({"bench": "control_plane", "phase": "idle", "peers": n, "window_s": round(dt, 1),
                "settle_s": round(figures["settle_s"], 1),
+               "dht_connections_per_node": _round(figures["dht_connections_per_node"]),
                **{f"{k}_bytes_per_peer_s": round(v / dt / n, 1) for k, v in d.items()}})
 
         # one more peer: the probe bytes its arrival causes (its probes and the others' probes of it)
@@ -324,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         # window are a join's probes that outlasted the settling)
         "idle_dht_bytes_per_peer_s": [round(r["idle_dht_bps_per_peer"], 1) for r in results],
         "idle_dht_growth": round(hi["idle_dht_bps_per_peer"] / lo["idle_dht_bps_per_peer"], 3),
+        "dht_connections_per_node": [_round(r["dht_connections_per_node"]) for r in results],
         "joiner_bytes": [r["joiner_bytes"] for r in results],
         "joiner_growth": round(hi["joiner_bytes"] / max(1, lo["joiner_bytes"]), 3),
         "targets": {"bytes_per_peer_s": 2048, "growth": 1.3, "joiner_bytes_at_32": 40_000_000},

@@ -32,6 +32,8 @@ def test_control_plane_benchmark_prints_a_line_per_phase_and_a_summary() -> None
     # the DHT's own share is counted where nftables exists; the namespace's total always is
     assert all(r.get("dht_bytes_per_peer_s", r["total_bytes_per_peer_s"]) > 0 and r["window_s"] >= 5 for r in idle)
     assert summary["summary"] and summary["peers"] == [4, 8] and len(summary["idle_bytes_per_peer_s"]) == 2
+    # every node holds at least its connection to the bootstrap (where ss can list them)
+    assert all(r["dht_connections_per_node"] is None or r["dht_connections_per_node"] >= 1 for r in idle), idle
     # a joiner measures its targets among the older peers and nobody probes it back, so the probe bytes
     # it causes are bounded by its own targets' probes (pings and at most 2 x max_bytes plus the ramp each)
     per_link = 3 * ProbeConfig().max_bytes
