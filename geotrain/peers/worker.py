@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,7 @@ from geotrain.pipeline.lr import LRSchedule
 from geotrain.plan import JobPlan, SyncGroup
 from geotrain.swarm.records import LinkMeasurement
 from geotrain.sync import DiLoCoConfig, DiLoCoSync, GroupRouter, Member, StaticMembership
-from geotrain.sync.state import StageState, block_of, digest, fetch_state
+from geotrain.sync.state import StageState, block_of, digest, fetch_state, state_heads
 from geotrain.transport import Transport
 
 logger = logging.getLogger(__name__)
@@ -120,6 +120,8 @@ class StageWorker:
         self.state_source = "seed"  # where the initial global state came from (own, checkpoint, store, peers)
         t_state = time.perf_counter()
         state = self._initial_state(previous_state, previous_plan, links or {})
+        self._caught_up: dict[tuple[int, int], int] = {}  # a group's newer round taken from its members
+        state = self._catch_up(state)
         self.state_s = time.perf_counter() - t_state  # loading or fetching the initial global state
         if state is not None:
             self._load_global(state)
@@ -188,13 +190,15 @@ class StageWorker:
                 self.syncs.append(sync)
                 sync.set_context(job=plan.job_id, plan_version=plan.version)
                 if state is not None and all(n in state.params for n, _ in params):
-                    load_named_state(sync, state)
+                    load_named_state(sync, replace(
+                        state, round=self._caught_up.get((g.start, g.end), state.round)))
                 elif state is not None:
                     logger.warning("group %s: no complete global state; its blocks restart from the seed", g.name)
         except Exception:
             self._close_syncs()  # a half-built worker must not keep its groups registered on the transport
             self.runtime.close()
             raise
+        self.round = min((o.version for sync in self.syncs for o in sync.outer), default=self.round)
         self.local_restored = state is not None and self._restore_local(state)
         self.tokens = 0
         self.last_loss: float | None = None
@@ -354,6 +358,66 @@ class StageWorker:
             logger.warning("incomplete stage state (%s); blocks %s restart from the seed at round %d "
                            "(checkpoint.allow_seed_restart)", e, lost, rnd)
             return own
+
+    def _catch_up(self, state: StageState | None) -> StageState | None:
+        """The newest committed state of each of this stage's groups, so a group starts its plan from one state.
+
+        A replan's start step comes from progress records that lag the peers by up to half a liveness
+        period: a member that committed one more round than the records said carries it into the new plan,
+        while another member of its group starts from the round before. Their rounds would then average
+        pseudo-gradients taken from two different global models, and the two copies would never agree again.
+        So before training, each member asks its group's other members (``state.head``: round and step, no
+        tensors) and, when one holds a newer round than its own, takes that state (verified as any fetch).
+        Every member does the same, so the group starts from its newest round. Not needed where every member
+        starts from one given state: a new job, or a resume's first plan from a checkpoint.
+        """
+        if state is None or self.state_source == "checkpoint":
+            return state
+        floor = self.plan.state_floor
+        timeout = min(GONE_PING_S, self.job.swarm.round_timeout_s)
+        for g in self.plan.groups_of(self.peer_id):
+            others = [m for m in g.members if m != self.peer_id]
+            mine = [n for n in state.params if g.start <= block_of(n) < g.end]
+            if not others or not mine:
+                continue
+            heads = state_heads(self.transport, others, job_id=self.plan.job_id, start=g.start, end=g.end,
+                                timeout=timeout, plan_version=self.plan.version)
+            newer = {m: h for m, h in heads.items() if h[0] > state.round and h[1] >= floor}
+            if not newer:
+                continue
+            best = max(h[0] for h in newer.values())
+            donors = sorted(newer, key=lambda m: -newer[m][0])
+            names = [n for n, _ in self.stage.named_parameters() if g.start <= block_of(n) < g.end]
+            try:
+                got = fetch_state(self.transport, donors, job_id=self.plan.job_id, start=g.start, end=g.end,
+                                  need=names, timeout=self.job.swarm.round_timeout_s, min_step=floor,
+                                  min_round=best, plan_version=self.plan.version)
+            except StateTransferError as e:
+                logger.warning("group %s: members hold round %d, this peer round %d, and the newer state could "
+                               "not be fetched (%s): starting from its own", g.name, best, state.round, e)
+                continue
+            logger.info("group %s: this peer's state is of round %d, %s hold round %d: taken from them so the "
+                        "group starts from one state", g.name, state.round, ", ".join(donors), got.round)
+            others_p = {n: t for n, t in state.params.items() if not g.start <= block_of(n) < g.end}
+            others_m = {n: t for n, t in state.momentum.items() if not g.start <= block_of(n) < g.end}
+            state = StageState(state.job_id, state.round, max(state.step, got.step),
+                               {**others_p, **got.params}, {**others_m, **got.momentum})
+            self._caught_up[(g.start, g.end)] = got.round
+            self.state_source = "peers"
+        return state
+
+    def head(self, job_id: str, start: int, end: int) -> tuple[int, int] | None:
+        """(Any thread.) ``(round, step)`` of the committed state of blocks ``[start, end)``, or None when this
+        worker holds none of them (or trains another job)."""
+        if job_id != self.plan.job_id:
+            return None
+        a, z = self.stage.layers
+        if not (a < end and start < z):
+            return None
+        with self._commit_lock:
+            versions = [o.version for g, sync in zip(self.plan.groups_of(self.peer_id), self.syncs, strict=False)
+                        if g.start < end and start < g.end for o in sync.outer]
+            return (min(versions) if versions else self.round), self._step
 
     def _restore_local(self, state: StageState) -> bool:
         """Adopt ``state``'s local part (residuals, inner optimizer moments) when it comes from this peer's own

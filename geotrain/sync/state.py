@@ -34,6 +34,8 @@ from geotrain.transport import Message, Transport
 logger = logging.getLogger(__name__)
 
 KIND = "state.get"
+#: the round and step of the state a peer holds for some blocks, without the tensors
+HEAD_KIND = "state.head"
 
 
 def block_of(name: str) -> int:
@@ -154,6 +156,25 @@ def serve_state(
     start, end, step)`` (the peer's own checkpoints, :mod:`geotrain.peers.statestore`).
     """
 
+    def head(req: Message) -> Message | None:
+        meta = req.meta
+        job_id, start, end = meta.get("job_id"), meta.get("start"), meta.get("end")
+        if (not isinstance(job_id, str) or type(start) is not int or type(end) is not int or start >= end
+                or not _plain_int(meta.get("plan_version", 0))):
+            return Message(kind=HEAD_KIND + ".err", meta={"error": "bad request"})
+        plan_version = meta.get("plan_version")
+        if newer is not None and type(plan_version) is int:
+            newer(job_id, plan_version)
+        worker = current()
+        found = worker.head(job_id, start, end) if worker is not None else None
+        if found is None:
+            prev = previous()
+            if prev is not None and prev.job_id == job_id and prev.select(start, end).params:
+                found = (prev.round, prev.step)
+        if found is None:
+            return Message(kind=HEAD_KIND + ".err", meta={"error": "no state for those blocks of that job"})
+        return Message(kind=HEAD_KIND + ".ok", meta={"round": found[0], "step": found[1]})
+
     def handle(req: Message) -> Message | None:
         meta = req.meta
         job_id, start, end = meta.get("job_id"), meta.get("start"), meta.get("end")
@@ -206,6 +227,43 @@ def serve_state(
         )
 
     transport.serve(KIND, handle)
+    transport.serve(HEAD_KIND, head)
+
+
+def _plain_int(v: Any) -> bool:
+    return type(v) is int
+
+
+def state_heads(
+    transport: Transport, holders: Iterable[str], *, job_id: str, start: int, end: int, timeout: float,
+    plan_version: int | None = None,
+) -> dict[str, tuple[int, int]]:
+    """``(round, step)`` of the committed state each of ``holders`` holds for blocks ``[start, end)``, asked of
+    all of them at once (``state.head``: a few bytes each way, no tensor). A holder that does not answer
+    within ``timeout``, or answers anything but two plain integers, is left out."""
+    import concurrent.futures
+
+    holders = list(holders)
+    ask: dict[str, Any] = {"job_id": job_id, "start": start, "end": end}
+    if plan_version is not None:
+        ask["plan_version"] = plan_version
+
+    def one(peer: str) -> tuple[int, int] | None:
+        try:
+            reply = transport.request(peer, Message(kind=HEAD_KIND, meta=dict(ask)), timeout=timeout)
+        except TransportError as e:
+            logger.debug("state.head of %s: %s", peer, e)
+            return None
+        rnd, step = reply.meta.get("round"), reply.meta.get("step")
+        if reply.kind != HEAD_KIND + ".ok" or type(rnd) is not int or type(step) is not int or rnd < 0 or step < 0:
+            return None
+        return rnd, step
+
+    if not holders:
+        return {}
+    with concurrent.futures.ThreadPoolExecutor(min(8, len(holders)), thread_name_prefix="gt-head") as pool:
+        answers = dict(zip(holders, pool.map(one, holders), strict=True))
+    return {p: a for p, a in answers.items() if a is not None}
 
 
 def fetch_state(
@@ -223,6 +281,7 @@ def fetch_state(
     sizes: Mapping[str, int] | None = None,
     parallel: int = 1,
     plan_version: int | None = None,
+    min_round: int | None = None,
 ) -> StageState:
     """Gather blocks ``[start, end)`` from donors, best first, until every name in ``need`` is held.
 
@@ -242,6 +301,8 @@ def fetch_state(
     assembled state must hash to it: one donor's state, verified whole, fetched over several links. If
     that cannot be had, donors are asked one at a time as without ``parallel``.
 
+    ``min_round``: a reply of an older committed round is refused (the asker knows a newer one exists).
+
     ``plan_version``: the plan the asker follows, told to each donor (a donor that has not read that plan
     yet reads it now: :func:`serve_state`'s ``newer``).
     """
@@ -251,7 +312,7 @@ def fetch_state(
         try:
             return _fetch_chunked(transport, donors, job_id=job_id, start=start, end=end, need=need, sizes=sizes,
                                   timeout=timeout, step=step, min_step=min_step, parallel=parallel,
-                                  plan_version=plan_version)
+                                  plan_version=plan_version, min_round=min_round)
         except StateTransferError as e:
             logger.info("blocks [%d, %d): chunked fetch failed (%s); asking one donor at a time", start, end, e)
     state = have
@@ -260,7 +321,7 @@ def fetch_state(
         if state is not None and (state.covers(need) if need else state.params):
             break
         got_or_error = _ask(transport, donor, job_id=job_id, start=start, end=end, timeout=timeout, step=step,
-                            min_step=min_step, plan_version=plan_version)
+                            min_step=min_step, plan_version=plan_version, min_round=min_round)
         if isinstance(got_or_error, str):
             errors.append(got_or_error)
             continue
@@ -291,6 +352,7 @@ class _Reply:
 def _ask(
     transport: Transport, donor: str, *, job_id: str, start: int, end: int, timeout: float, step: int | None,
     min_step: int | None, names: list[str] | None = None, plan_version: int | None = None,
+    min_round: int | None = None,
 ) -> _Reply | str:
     """Ask ``donor`` for blocks ``[start, end)`` (only ``names``, if given); a verified reply, or why not."""
     ask: dict[str, Any] = {"job_id": job_id, "start": start, "end": end}
@@ -315,6 +377,8 @@ def _ask(
         return f"{donor}: state of step {meta.get('step')}, not {step}"
     if min_step is not None and int(meta.get("step", 0)) < min_step:
         return f"{donor}: stale state of step {meta.get('step')}, before step {min_step}"
+    if min_round is not None and int(meta.get("round", 0)) < min_round:
+        return f"{donor}: state of round {meta.get('round')}, older than round {min_round}"
     params = {k[2:]: v for k, v in reply.tensors.items() if k.startswith("p:")}
     momentum = {k[2:]: v for k, v in reply.tensors.items() if k.startswith("o:")}
     if names is not None and sorted(params) != sorted(names):
@@ -339,7 +403,7 @@ def split_by_size(names: list[str], sizes: Mapping[str, int], parts: int) -> lis
 def _fetch_chunked(
     transport: Transport, donors: list[str], *, job_id: str, start: int, end: int, need: list[str],
     sizes: Mapping[str, int], timeout: float, step: int | None, min_step: int | None, parallel: int,
-    plan_version: int | None = None,
+    plan_version: int | None = None, min_round: int | None = None,
 ) -> StageState:
     import concurrent.futures
 
@@ -350,7 +414,7 @@ def _fetch_chunked(
 
     def ask(i: int, d: int) -> _Reply | str:
         return _ask(transport, donors[d], job_id=job_id, start=start, end=end, timeout=timeout, step=step,
-                    min_step=min_step, names=chunks[i], plan_version=plan_version)
+                    min_step=min_step, names=chunks[i], plan_version=plan_version, min_round=min_round)
 
     def next_donor(i: int) -> int | None:
         # chunk i starts at donor i (the chunks spread over the best donors), then the others in order

@@ -235,5 +235,12 @@ def test_stop_after_round_k_then_resume_continues_at_k_plus_1(swarm4: LocalSwarm
     spec["stop"] = {"steps": 15}
     more = run_coordinator(None, initial_peers=swarm.maddrs, job_id="e2e-ck3", report_dir=tmp_path / "r3",
                            job=job_from_dict(spec), resume=ckpt)
-    assert more["checkpoints"]["last_round"] == 3
+    assert more["plans"][0]["start_step"] == 10
+    last = more["checkpoints"]["last_round"]
+    if len(more["plans"]) == 1:
+        assert last == 3 and checkpoint.load(ckpt, 15, job_id="x").round == 3
+    else:
+        # a replan (a peer missed on a busy machine) whose start step lagged a committed round: the groups go
+        # on from their newest round (geotrain.peers.worker._catch_up) and train steps 10-15 again past it
+        assert last >= 3, [(p["version"], p["reason"], p["start_step"]) for p in more["plans"]]
     assert checkpoint.latest_complete(ckpt, num_blocks) == 15

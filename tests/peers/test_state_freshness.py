@@ -154,3 +154,55 @@ def test_a_plan_numbered_past_its_state_floor_adopts_state_from_the_floor_on_and
     older = replace(v2, state_step=20, spares=("p1",))  # a floor past the donor's step: refused as stale
     with pytest.raises(StateLostError, match="step 20"):
         StageWorker(job, older, peer_id="p0", transport=t0, spares=("p1",))
+
+
+def _two_pipelines(job: JobSpec, version: int, ts: dict[str, Transport], *, start_step: int) -> JobPlan:
+    """One stage, two pipelines: ``ts``' two peers form one stage group."""
+    blocks = job.model.block_model(job.job.seed).num_blocks
+    return JobPlan(job_id=JOB, version=version, num_blocks=blocks, sync_codec="none", start_step=start_step,
+                   pipelines=tuple((StageSlot(peer=p, start=0, end=blocks, endpoint=t.address, region="eu"),)
+                                   for p, t in ts.items()))
+
+
+def test_a_group_starts_a_replan_from_its_newest_round_when_the_start_step_lags(
+    job: JobSpec, net: Callable[[str], Transport]
+) -> None:
+    # the replan's start step (10) came from records that lagged: p0 had committed round 3 at step 15 already,
+    # p1 was at step 13 on round 2. Each adopting its own would average pseudo-gradients of two global models
+    t0, t1 = net("p0"), net("p1")
+    ahead = replace(_state(job, t0, step=15, shift=0.25), round=3)
+    behind = replace(_state(job, t1, step=13, shift=0.5), round=2)
+    serve_state(t0, lambda: None, lambda: ahead)
+    serve_state(t1, lambda: None, lambda: behind)
+    ts = {"p0": t0, "p1": t1}
+    v1, v2 = _two_pipelines(job, 1, ts, start_step=0), _two_pipelines(job, 2, ts, start_step=10)
+    w1 = StageWorker(job, v2, peer_id="p1", transport=t1, previous_state=behind, previous_plan=v1)
+    try:
+        assert w1.state_source == "peers" and w1.round == 3
+        assert digest(w1.state().params) == digest(ahead.params)
+        assert w1.head(JOB, 0, 1) == (3, 10) and w1.head("another job", 0, 1) is None
+    finally:
+        w1.close()
+    w0 = StageWorker(job, v2, peer_id="p0", transport=t0, previous_state=ahead, previous_plan=v1)
+    try:  # the member ahead keeps its own: nobody holds a newer round
+        assert w0.state_source == "own" and w0.round == 3
+        assert digest(w0.state().params) == digest(ahead.params)
+    finally:
+        w0.close()
+
+
+def test_a_member_that_cannot_fetch_the_newer_round_starts_from_its_own(
+    job: JobSpec, net: Callable[[str], Transport]
+) -> None:
+    t0, t1 = net("p0"), net("p1")
+    behind = replace(_state(job, t1, step=13, shift=0.5), round=2)
+    # p0 says it holds round 3 but serves no state: a lie or a crash between the two requests
+    t0.serve("state.head", lambda m: type(m)(kind="state.head.ok", meta={"round": 3, "step": 15}))
+    ts = {"p0": t0, "p1": t1}
+    v1, v2 = _two_pipelines(job, 1, ts, start_step=0), _two_pipelines(job, 2, ts, start_step=10)
+    w1 = StageWorker(job, v2, peer_id="p1", transport=t1, previous_state=behind, previous_plan=v1)
+    try:
+        assert w1.state_source == "own" and w1.round == 2
+        assert digest(w1.state().params) == digest(behind.params)
+    finally:
+        w1.close()
