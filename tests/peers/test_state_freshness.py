@@ -206,3 +206,28 @@ def test_a_member_that_cannot_fetch_the_newer_round_starts_from_its_own(
         assert digest(w1.state().params) == digest(behind.params)
     finally:
         w1.close()
+
+
+def test_state_head_answers_round_and_step_and_refuses_malformed_asks(
+    job: JobSpec, net: Callable[[str], Transport]
+) -> None:
+    from geotrain.sync.state import HEAD_KIND, state_heads
+    from geotrain.transport import Message
+
+    t0, t1 = net("p0"), net("p1")
+    held = replace(_state(job, t1, step=15, shift=0.25), round=3)
+    serve_state(t1, lambda: None, lambda: held)
+    t0.connect("p1", t1.address, region="eu")
+    good = {"job_id": JOB, "start": 0, "end": 1}
+    for bad in ({**good, "start": "0"}, {**good, "end": True}, {**good, "start": 1, "end": 1},
+                {**good, "job_id": 7}, {**good, "plan_version": 2.5}, {}):
+        reply = t0.request("p1", Message(kind=HEAD_KIND, meta=bad), timeout=5.0)
+        assert reply.kind == HEAD_KIND + ".err" and not reply.tensors, bad
+    reply = t0.request("p1", Message(kind=HEAD_KIND, meta={**good, "job_id": "other"}), timeout=5.0)
+    assert reply.kind == HEAD_KIND + ".err"
+    reply = t0.request("p1", Message(kind=HEAD_KIND, meta=good), timeout=5.0)
+    assert reply.kind == HEAD_KIND + ".ok" and reply.meta == {"round": 3, "step": 15} and not reply.tensors
+    # the asker's side: every holder at once, one that never answers left out after the timeout
+    silent = net("p2")
+    t0.connect("p2", silent.address, region="eu")
+    assert state_heads(t0, ["p1", "p2"], job_id=JOB, start=0, end=1, timeout=1.0) == {"p1": (3, 15)}
