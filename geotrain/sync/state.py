@@ -159,11 +159,11 @@ def serve_state(
     def head(req: Message) -> Message | None:
         meta = req.meta
         job_id, start, end = meta.get("job_id"), meta.get("start"), meta.get("end")
-        if (not isinstance(job_id, str) or type(start) is not int or type(end) is not int or start >= end
-                or not _plain_int(meta.get("plan_version", 0))):
-            return Message(kind=HEAD_KIND + ".err", meta={"error": "bad request"})
         plan_version = meta.get("plan_version")
-        if newer is not None and type(plan_version) is int:
+        if (not isinstance(job_id, str) or type(start) is not int or type(end) is not int or start >= end
+                or (plan_version is not None and type(plan_version) is not int)):
+            return Message(kind=HEAD_KIND + ".err", meta={"error": "bad request"})
+        if newer is not None and plan_version is not None:
             newer(job_id, plan_version)
         worker = current()
         found = worker.head(job_id, start, end) if worker is not None else None
@@ -228,10 +228,6 @@ def serve_state(
 
     transport.serve(KIND, handle)
     transport.serve(HEAD_KIND, head)
-
-
-def _plain_int(v: Any) -> bool:
-    return type(v) is int
 
 
 def state_heads(
