@@ -789,8 +789,8 @@ class PeerAgent:
             loss = w.last_loss
             tokens = w.tokens
             rnd = w.round
-        elif last_state is not None:
-            rnd = last_state.round
+        elif last_state is not None and last_state.job_id == plan.job_id:
+            rnd = last_state.round  # a spare's rounds of this job; of another job it has none (0)
         tstats = self.transport.stats
         sent = {dst: n - (base.sent_bytes.get(dst, 0) if base else 0) for dst, n in tstats.sent_bytes.items()}
         received = sum(tstats.recv_bytes.values()) - (sum(base.recv_bytes.values()) if base else 0)
