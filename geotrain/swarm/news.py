@@ -23,7 +23,7 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from geotrain.errors import GeotrainError
@@ -51,11 +51,15 @@ class Contact:
 class NewsWaiter:
     """A poll loop's pause: returns after ``poll_s`` or as soon as news comes, reads at most every ``min_gap_s``.
 
-    ``stop`` ends any wait; call :meth:`poke` after setting it so a waiting loop returns at once.
+    ``stop`` ends any wait; call :meth:`poke` after setting it so a waiting loop returns at once. The gap
+    between reads is kept by waiting on ``stop``, timed by ``clock`` (tests give both on virtual time).
     """
 
-    def __init__(self, stop: threading.Event, *, poll_s: float, min_gap_s: float = 0.2) -> None:
-        self.stop, self.poll_s, self.min_gap_s = stop, poll_s, min_gap_s
+    def __init__(
+        self, stop: threading.Event, *, poll_s: float, min_gap_s: float = 0.2,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.stop, self.poll_s, self.min_gap_s, self.clock = stop, poll_s, min_gap_s, clock
         self._news = threading.Event()
         self.had_news = False  # whether the last wait ended on news (not on its poll period)
         self._last = float("-inf")
@@ -70,11 +74,11 @@ class NewsWaiter:
     def wait(self, at_most_s: float | None = None) -> bool:
         """Pause until the next read is due (``poll_s``, or ``at_most_s`` when sooner); False once ``stop`` is set."""
         self.had_news = self._news.wait(self.poll_s if at_most_s is None else max(0.0, min(self.poll_s, at_most_s)))
-        gap = self.min_gap_s - (time.monotonic() - self._last)
+        gap = self.min_gap_s - (self.clock() - self._last)
         if gap > 0:
             self.stop.wait(gap)  # news faster than this is merged into one read
         self._news.clear()
-        self._last = time.monotonic()
+        self._last = self.clock()
         return not self.stop.is_set()
 
 

@@ -58,12 +58,12 @@ def test_keygen_writes_a_private_32_byte_key(tmp_path: Path) -> None:
         load_swarm_key(out)
 
 
-def test_compute_benchmark_is_bounded_and_plausible() -> None:
+def test_compute_benchmark_runs_its_budget_and_is_plausible() -> None:
     from geotrain.peers.benchmark import BenchmarkConfig, measure_compute
 
     r = measure_compute(BenchmarkConfig(device="cpu", size=64, max_seconds=0.2))
     assert r.device_type == "cpu" and r.device.startswith("cpu")
-    assert r.seconds < 1.0 and r.matmuls >= 1
+    assert r.seconds >= 0.2 and r.matmuls >= 1  # it stops at its deadline: between batches of ~1/20 of it
     assert 1e6 < r.flops < 1e15  # a CPU does between a megaflop and a petaflop per second
     assert r.memory_bytes > 2**26
     with pytest.raises(ConfigError, match="size"):

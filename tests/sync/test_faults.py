@@ -45,14 +45,12 @@ def _pick(group: Group, role: str) -> str:
     return sorted({p.peer_id for p in group.peers} - leaders)[0]
 
 
-def _silence_one(group: Group, role: str) -> tuple[str, list, dict[str, torch.Tensor], float]:
+def _silence_one(group: Group, role: str) -> tuple[str, list, dict[str, torch.Tensor]]:
     group.build(REGIONS, exact_config(deadline_floor_s=FLOOR), seeded_model())
     locals_ = _perturb(group)
     silent = _pick(group, role)
     survivors = [p for p in group.peers if p.peer_id != silent]
-    t0 = time.monotonic()
-    outcomes = group.step_all(1, survivors)
-    return silent, outcomes, locals_, time.monotonic() - t0
+    return silent, group.step_all(1, survivors), locals_
 
 
 def _assert_identical(peers: list) -> None:
@@ -62,9 +60,11 @@ def _assert_identical(peers: list) -> None:
 
 
 def test_silent_member_is_left_out_and_survivors_agree(group: Group) -> None:
-    silent, outcomes, locals_, took = _silence_one(group, "member")
+    silent, outcomes, locals_ = _silence_one(group, "member")
     survivors = [p for p in group.peers if p.peer_id != silent]
-    assert took < 2 * FLOOR + 1.0
+    # left out by the round's own deadline (not by a transport timeout): its leader says so
+    leader_out = outcomes[_index(survivors, _leader_of(group, silent))][0]
+    assert "missed the gather deadline" in leader_out.excluded[silent], leader_out.excluded
     for out in outcomes:
         assert out[0].committed and silent not in out[0].contributors and len(out[0].contributors) == 3
     expected = torch.stack([v for k, v in locals_.items() if k != silent]).mean(0)
@@ -73,14 +73,15 @@ def test_silent_member_is_left_out_and_survivors_agree(group: Group) -> None:
 
 
 def test_silent_leader_region_learns_result_by_asking(group: Group) -> None:
-    silent, outcomes, locals_, took = _silence_one(group, "leader")
+    silent, outcomes, locals_ = _silence_one(group, "leader")
     survivors = [p for p in group.peers if p.peer_id != silent]
-    assert took < 2 * FLOOR + 1.0
     silent_region = next(p.transport.region for p in group.peers if p.peer_id == silent)
     counted = sorted(p.peer_id for p in group.peers if p.transport.region != silent_region)
     for out in outcomes:
         assert out[0].committed, out[0].reason
         assert sorted(out[0].contributors) == counted
+    # its group was left out by the round's offer deadline (the coordinator's view says so)
+    assert any("missed the offer deadline" in out[0].excluded.get(silent, "") for out in outcomes), outcomes
     # the uncounted survivor applied the outer step and kept its own progress on top
     orphan = next(p for p in survivors if p.transport.region == silent_region)
     g0 = flat_params(seeded_model()())
@@ -90,12 +91,13 @@ def test_silent_leader_region_learns_result_by_asking(group: Group) -> None:
 
 
 def test_silent_coordinator_means_discard_everywhere(group: Group) -> None:
-    silent, outcomes, locals_, took = _silence_one(group, "coordinator")
+    silent, outcomes, locals_ = _silence_one(group, "coordinator")
     survivors = [p for p in group.peers if p.peer_id != silent]
-    assert took < 2 * FLOOR + 2.0
     g0 = flat_params(seeded_model()())
     for peer, out in zip(survivors, outcomes, strict=True):
         assert not out[0].committed
+        # given up by the round's own bound (twice the deadline floor), not by a transport timeout
+        assert f"within {2 * FLOOR}s" in out[0].reason, out[0].reason
         assert torch.equal(peer.sync.global_flat(), g0)
         assert torch.equal(flat_params(peer.model), locals_[peer.peer_id])  # local progress kept
         assert peer.sync.stats.rounds_discarded == 1
@@ -153,8 +155,9 @@ def test_hostile_nan_payload_is_excluded_and_sender_named(group: Group) -> None:
     _assert_identical(group.peers)
 
 
-def _index(group: Group, peer_id: str) -> int:
-    return [p.peer_id for p in group.peers].index(peer_id)
+def _index(group: Group | list, peer_id: str) -> int:
+    peers = group if isinstance(group, list) else group.peers
+    return [p.peer_id for p in peers].index(peer_id)
 
 
 def _leader_of(group: Group, peer_id: str) -> str:
@@ -174,14 +177,15 @@ def test_the_commit_lock_is_free_while_a_round_waits(group: Group) -> None:
     while sum(p.transport.stats.sent_messages for p in survivors) == 0 and time.monotonic() < deadline:
         time.sleep(0.005)  # poll: the rounds are under way once members send; they wait for the silent one
     assert sum(p.transport.stats.sent_messages for p in survivors) > 0
-    waits = []
+    # a bounded wait on the lock, well inside the round's wait for the silent member (2 x FLOOR)
+    taken = []
     for p in survivors:
-        t0 = time.monotonic()
-        with p.sync.commit_lock:
-            waits.append(time.monotonic() - t0)
+        taken.append(p.sync.commit_lock.acquire(timeout=0.25 * FLOOR))
+        if taken[-1]:
+            p.sync.commit_lock.release()
     outcomes = [f.result(timeout=30) for f in futures]
     assert all(out[0].committed for out in outcomes)
-    assert max(waits) < 0.25 * FLOOR, waits
+    assert all(taken), taken
 
 
 def test_a_coordinator_that_starts_the_round_late_is_waited_for_and_the_round_commits(group: Group) -> None:

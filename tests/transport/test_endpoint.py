@@ -54,10 +54,8 @@ def test_tags_match_out_of_order(pair: tuple[Transport, Transport]) -> None:
 
 def test_recv_times_out_with_typed_error(pair: tuple[Transport, Transport]) -> None:
     _, b = pair
-    t0 = time.monotonic()
-    with pytest.raises(PeerTimeoutError):
+    with pytest.raises(PeerTimeoutError):  # one that ignored its timeout would hang until the test times out
         b.recv("act", (99,), timeout=0.3)
-    assert time.monotonic() - t0 < 5
 
 
 def test_request_reply_and_probe(pair: tuple[Transport, Transport]) -> None:
@@ -179,7 +177,7 @@ def test_a_failed_io_thread_closes_the_transport_instead_of_hanging(pair: tuple[
 
     b._file = broken  # type: ignore[method-assign]
     a.send("b", Message(kind="x", tag=(0,)))
-    t0 = time.monotonic()
-    with pytest.raises(TransportError, match="closed"):
+    # "closed", not a PeerTimeoutError: the waiting recv was woken by the failure, not by its 30 s timeout
+    with pytest.raises(TransportError, match="closed") as err:
         b.recv("x", (0,), timeout=30)
-    assert time.monotonic() - t0 < 10
+    assert not isinstance(err.value, PeerTimeoutError)
