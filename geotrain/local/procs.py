@@ -3,6 +3,11 @@
 A child prints JSON lines on stdout; the first ``{"event": "ready", ...}`` line
 is its handshake. :class:`ChildGroup` starts children, waits for that line
 with a timeout (no sleeps, no log regexes) and reaps every child on exit.
+
+``ChildGroup(preload=True)`` forks each ``geotrain`` child from a server process that
+imported torch, hivemind and geotrain once (the stdlib's forkserver), instead of a fresh
+interpreter that imports them again: about 2.7 CPU-seconds less per child, the same
+command line, its own process group, pipes and environment. The multi-process tests use it.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ class Child:
     """One child process and the JSON events it printed so far."""
 
     name: str
-    proc: subprocess.Popen[str]
+    proc: subprocess.Popen[str] | ForkedProc
     events: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
     lines: list[str] = field(default_factory=list)
     seen: list[dict[str, Any]] = field(default_factory=list)  # every event taken by next_event/wait_event
@@ -38,7 +43,7 @@ class Child:
         return self.proc.pid
 
     @property
-    def popen(self) -> subprocess.Popen[str]:
+    def popen(self) -> subprocess.Popen[str] | ForkedProc:
         return self.proc
 
     def next_event(self, timeout: float) -> dict[str, Any] | None:
@@ -78,18 +83,88 @@ class Child:
                 pass
 
 
+#: what the fork server imports once, before it forks any child (an import that fails is skipped)
+PRELOAD = (
+    "torch", "hivemind", "geotrain.cli", "geotrain.cli.peer", "geotrain.peers.agent", "geotrain.coordinator",
+    "geotrain.swarm", "geotrain.transport", "geotrain.models", "geotrain.data",
+)
+
+
+class _Fd:
+    """A file descriptor handed to a forked child: pickled as the fork server's copy of it."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        from multiprocessing import reduction
+
+        return (_Fd._rebuild, (reduction.DupFd(self.fd),))
+
+    @staticmethod
+    def _rebuild(dup: Any) -> _Fd:
+        return _Fd(dup.detach())
+
+
+def _forked_main(args: list[str], env: dict[str, str], stdin: _Fd, stdout: _Fd, stderr: _Fd) -> None:
+    """The forked child: what ``python -m geotrain ARGS`` does, on the server's imports."""
+    os.setsid()  # its own process group, like ``start_new_session`` (ChildGroup kills the group)
+    for target, source in ((0, stdin.fd), (1, stdout.fd), (2, stderr.fd)):
+        os.dup2(source, target)
+        os.close(source)
+    sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115 (the process's own stdio)
+    sys.stdout = open(1, "w", encoding="utf-8", buffering=1, closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", encoding="utf-8", buffering=1, closefd=False)  # noqa: SIM115
+    os.environ.clear()
+    os.environ.update(env)
+    os.environ["GEOTRAIN_PARENT_PID"] = str(os.getppid())  # the server: it exits when the group's process does
+    sys.argv = ["geotrain", *args]
+    from geotrain.cli import main
+
+    sys.exit(main(args))
+
+
+class ForkedProc:
+    """The part of :class:`subprocess.Popen` a :class:`Child` uses, for a child forked from the server."""
+
+    def __init__(self, process: Any, args: list[str], stdin: Any, stdout: Any) -> None:
+        self._process = process
+        self.args = args
+        self.pid: int = process.pid
+        self.stdin = stdin
+        self.stdout = stdout
+
+    @property
+    def returncode(self) -> int | None:
+        code = self._process.exitcode
+        return None if code is None else int(code)
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        code = self.returncode
+        if code is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+        return code
+
+
 class ChildGroup:
     """Starts ``python -m geotrain ...`` children and guarantees they are reaped.
 
     Use as a context manager (or call :meth:`close`). Children run in their own
     process group, so killing one also kills the helper daemons it spawned.
+    ``preload``: fork ``geotrain`` children from a server that imported :data:`PRELOAD` once
+    (children behind a ``prefix`` such as ``ip netns exec`` still start a fresh interpreter).
     """
 
-    def __init__(self, *, env: dict[str, str] | None = None, echo_stderr: bool = False) -> None:
+    def __init__(self, *, env: dict[str, str] | None = None, echo_stderr: bool = False, preload: bool = False) -> None:
         self.children: list[Child] = []
         # the child asks the kernel to stop it if this process dies without close() (see geotrain.cli)
         self._env = {**os.environ, "PYTHONUNBUFFERED": "1", "GEOTRAIN_PARENT_PID": str(os.getpid()), **(env or {})}
         self._echo_stderr = echo_stderr
+        self._preload = preload
 
     def start(
         self, name: str, args: Sequence[str], *, module: str = "geotrain", prefix: Sequence[str] = (),
@@ -99,6 +174,8 @@ class ChildGroup:
 
         ``stdin``: keep a pipe open for :meth:`Child.send`; ``stderr_path``: write stderr there.
         """
+        if self._preload and not prefix and module == "geotrain":
+            return self._fork(name, list(args), env=env, stdin=stdin, stderr_path=stderr_path)
         cmd = [*prefix, sys.executable, "-m", module, *args]
         err: Any = None if self._echo_stderr else subprocess.DEVNULL
         if stderr_path is not None:
@@ -116,10 +193,48 @@ class ChildGroup:
         finally:
             if stderr_path is not None:
                 err.close()
-        child = Child(name=name, proc=proc)
-        threading.Thread(target=self._pump, args=(child,), daemon=True, name=f"pump-{name}").start()
+        return self._track(Child(name=name, proc=proc))
+
+    def _track(self, child: Child) -> Child:
+        threading.Thread(target=self._pump, args=(child,), daemon=True, name=f"pump-{child.name}").start()
         self.children.append(child)
         return child
+
+    def _fork(
+        self, name: str, args: list[str], *, env: dict[str, str] | None, stdin: bool, stderr_path: str | None
+    ) -> Child:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(list(PRELOAD))  # read when the server starts: the first fork in this process
+        out_r, out_w = os.pipe()
+        in_r, in_w = os.pipe() if stdin else (os.open(os.devnull, os.O_RDONLY), -1)
+        if stderr_path is not None:
+            err = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        elif self._echo_stderr:
+            err = os.dup(2)
+        else:
+            err = os.open(os.devnull, os.O_WRONLY)
+        try:
+            process = ctx.Process(
+                target=_forked_main, name=f"geotrain-{name}",
+                args=(args, {**self._env, **(env or {})}, _Fd(in_r), _Fd(out_w), _Fd(err)),
+            )
+            process.start()
+        except BaseException:
+            for fd in (out_r, in_w):
+                if fd >= 0:
+                    os.close(fd)
+            raise
+        finally:
+            for fd in (out_w, in_r, err):
+                os.close(fd)
+        proc = ForkedProc(
+            process, ["geotrain", *args],
+            stdin=open(in_w, "w", encoding="utf-8") if in_w >= 0 else None,  # noqa: SIM115 (closed with the child)
+            stdout=open(out_r, encoding="utf-8"),  # noqa: SIM115
+        )
+        return self._track(Child(name=name, proc=proc))
 
     @staticmethod
     def _pump(child: Child) -> None:

@@ -111,7 +111,7 @@ def test_llama_bpe_jsonl_job_exports_a_model_transformers_loads(children: ChildG
 @pytest.fixture(scope="module")
 def swarm2() -> Iterator[LocalSwarm]:
     """Two peers (``us``, ``eu``) that follow the newest job: one swarm for both families' jobs."""
-    group = ChildGroup()
+    group = ChildGroup(preload=True)
     try:
         yield start_local_swarm(group, regions=["us", "eu"])
     finally:

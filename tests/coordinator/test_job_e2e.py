@@ -42,7 +42,7 @@ def swarm4() -> Iterator[LocalSwarm]:
     independent of each other; the ones that kill or add a peer start their own swarm. The tests that
     use it come last in the module, so it is reaped right after them.
     """
-    group = ChildGroup()
+    group = ChildGroup(preload=True)
     try:
         yield start_local_swarm(group, regions=["us", "us", "eu", "eu"])
     finally:

@@ -156,7 +156,7 @@ def first_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FirstRun]:
     tmp = tmp_path_factory.mktemp("first-run")
     logs = tmp / "logs"
     logs.mkdir()
-    children = ChildGroup()
+    children = ChildGroup(preload=True)
     try:
         dirs = [tmp / f"state-{i}" for i in range(4)]
         boot, maddrs, peers = start_swarm(children, logs, dirs, "1")
