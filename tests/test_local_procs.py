@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -36,3 +37,24 @@ def test_a_forked_child_has_its_session_environment_stderr_and_exit_status(tmp_p
 
         usage = forked.start("no-args", ["peer"])  # argparse refuses: exit status 2, as from the command line
         assert usage.proc.wait(timeout=60) == 2
+
+
+def _die_holding_hivemind_update_lock() -> None:
+    """A forked child killed in the middle of an MPFuture update: it exits holding the server's lock."""
+    from hivemind.utils.mpfuture import MPFuture
+
+    MPFuture._update_lock.acquire()
+    os._exit(0)
+
+
+def test_a_child_killed_holding_a_hivemind_lock_does_not_block_the_next_one() -> None:
+    """hivemind makes process-shared locks at import; forked children must not share the server's."""
+    with ChildGroup(preload=True) as forked:
+        forked.start("warm", ["--version"]).proc.wait(timeout=60)  # the server is up, with PRELOAD imported
+        ctx = multiprocessing.get_context("forkserver")
+        poisoner = ctx.Process(target=_die_holding_hivemind_update_lock)
+        poisoner.start()
+        poisoner.join(timeout=60)
+        assert poisoner.exitcode == 0
+        # the DHT process reports ready through an MPFuture update, under that lock when it is shared
+        forked.start("dht", ["dht"]).wait_event("ready", 60)

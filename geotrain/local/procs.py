@@ -119,9 +119,30 @@ def _forked_main(args: list[str], env: dict[str, str], stdin: _Fd, stdout: _Fd, 
     os.environ.update(env)
     os.environ["GEOTRAIN_PARENT_PID"] = str(os.getppid())  # the server: it exits when the group's process does
     sys.argv = ["geotrain", *args]
+    _own_hivemind_locks()
     from geotrain.cli import main
 
     sys.exit(main(args))
+
+
+def _own_hivemind_locks() -> None:
+    """Give this process hivemind's process-shared locks of its own, as a fresh interpreter has.
+
+    hivemind creates them at import (MPFuture's update and initialisation locks, SharedBytes', the async
+    context executor's), so every child forked from the server would share the server's: a child killed
+    while holding one (a SIGKILL mid-update) would leave the next child's DHT process blocked on it forever.
+    """
+    if "hivemind" not in sys.modules:
+        return
+    import multiprocessing
+
+    from hivemind.utils import asyncio as hm_asyncio
+    from hivemind.utils.mpfuture import MPFuture
+
+    MPFuture.reset_backend()  # new update, initialisation and SharedBytes locks; no future exists yet
+    wrapper = getattr(hm_asyncio, "_AsyncContextWrapper", None)  # private: absent in another hivemind, nothing to do
+    if wrapper is not None:
+        wrapper.EXECUTOR_LOCK = multiprocessing.Lock()
 
 
 class ForkedProc:
