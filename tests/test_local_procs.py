@@ -58,3 +58,11 @@ def test_a_child_killed_holding_a_hivemind_lock_does_not_block_the_next_one() ->
         assert poisoner.exitcode == 0
         # the DHT process reports ready through an MPFuture update, under that lock when it is shared
         forked.start("dht", ["dht"]).wait_event("ready", 60)
+
+
+def test_a_signal_right_after_start_reaches_a_forked_child() -> None:
+    """Before the child's setsid() its process group does not exist yet: the signal goes to the child itself."""
+    with ChildGroup(preload=True) as forked:
+        child = forked.start("dht", ["dht"])
+        child.signal(signal.SIGKILL)
+        assert child.proc.wait(timeout=30) == -signal.SIGKILL

@@ -80,7 +80,11 @@ class Child:
             try:
                 os.killpg(self.proc.pid, sig)
             except ProcessLookupError:
-                pass
+                # no such group yet: a forked child that has not reached its setsid() (or one that just exited)
+                try:
+                    os.kill(self.proc.pid, sig)
+                except ProcessLookupError:
+                    pass
 
 
 #: what the fork server imports once, before it forks any child (an import that fails is skipped)
