@@ -306,7 +306,6 @@ class Coordinator:
         """Block until ``swarm.min_peers`` live peers have published links to each other."""
         need = self.job.swarm.min_peers
         deadline = time.monotonic() + self.job.swarm.wait_peers_s
-        announced: set[str] = set()
         links_since: float | None = None
         while not self._stop.is_set():
             everyone = self.swarm.get_peers()
@@ -314,8 +313,7 @@ class Coordinator:
             peers = self._takers(everyone)
             self._admit(peers)
             for pid, rec in peers.items():
-                if pid not in announced:
-                    announced.add(pid)
+                if pid not in self._run.seen_peers:  # once per run, not once per planning attempt
                     self._run.seen_peers[pid] = rec
                     self._event("join", peer_id=pid, region=rec.region, device=rec.device, tflops=rec.flops / 1e12)
             if len(peers) >= need:

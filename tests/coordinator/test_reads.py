@@ -10,7 +10,7 @@ from typing import Any
 from geotrain.config import job_from_dict
 from geotrain.coordinator.coordinator import Coordinator, CoordinatorConfig
 from geotrain.plan import JobPlan, StageSlot
-from geotrain.swarm.records import PeerRecord, PeerStatus, ProgressRecord
+from geotrain.swarm.records import LinkMeasurement, LinkRow, PeerRecord, PeerStatus, ProgressRecord
 from tests.swarm.test_records import peer_record
 
 
@@ -87,3 +87,20 @@ def test_a_replan_plans_on_fresh_peer_records_and_keeps_a_record_the_quick_read_
     c = coordinator(tmp_path, reads, clock)
     live = c._fresh_peers(old, reads.progress)
     assert live["A"].endpoint == "tcp://127.0.0.1:6001" and live["B"] == old["B"]
+
+
+def test_each_peer_joins_once_per_run_across_planning_attempts(tmp_path: Path) -> None:
+    """Plan v1 waits for peers again after an infeasible attempt: a peer seen before is no new join."""
+    reads, clock = Reads(), [0.0]
+    reads.progress = {p: progress(p, PeerStatus.IDLE) for p in "AB"}
+    reads.peers = {p: peer_record(p) for p in "AB"}
+    link = LinkMeasurement(bandwidth_bps=1e6, rtt_s=0.01, measured_at=time.time())
+    rows = {a: LinkRow(src=a, links={b: link for b in "AB" if b != a}) for a in "AB"}
+    reads.get_links = lambda thorough=False: rows  # type: ignore[attr-defined]
+    c = coordinator(tmp_path, reads, clock)
+    c.job = job_from_dict({"job": {"name": "t"}, "model": {"preset": "tiny"}, "swarm": {"min_peers": 2}})
+    events: list[dict[str, Any]] = []
+    c._emit = events.append  # type: ignore[method-assign]
+    for _ in range(3):  # the first attempt and two retries
+        assert set(c.wait_for_peers()) == {"A", "B"}
+    assert sorted(e["peer_id"] for e in events if e["event"] == "join") == ["A", "B"]
