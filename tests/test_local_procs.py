@@ -66,3 +66,15 @@ def test_a_signal_right_after_start_reaches_a_forked_child() -> None:
         child = forked.start("dht", ["dht"])
         child.signal(signal.SIGKILL)
         assert child.proc.wait(timeout=30) == -signal.SIGKILL
+
+
+@pytest.mark.parametrize("preload", [False, True], ids=["fresh", "forked"])
+def test_a_child_that_exits_names_the_end_of_its_stderr(tmp_path: Path, preload: bool) -> None:
+    log = tmp_path / "run.err"
+    with ChildGroup(preload=preload) as group:
+        child = group.start("run", ["run", str(tmp_path / "job.toml")], stderr_path=str(log))  # no --initial-peers
+        with pytest.raises(RuntimeError, match=r"run exited with 2") as e:
+            child.wait_event("report", 60)
+    # what the command printed before it exited, not only its stdout: the reason a test failed
+    assert "required: --initial-peers" in str(e.value) and str(log) in str(e.value)
+    assert "required: --initial-peers" in child.stderr_tail()

@@ -37,6 +37,21 @@ class Child:
     events: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
     lines: list[str] = field(default_factory=list)
     seen: list[dict[str, Any]] = field(default_factory=list)  # every event taken by next_event/wait_event
+    stderr_path: str | None = None  # where its stderr goes, if to a file: its tail explains a failure
+
+    def stderr_tail(self, lines: int = 15) -> str:
+        """The last ``lines`` lines the child wrote to its stderr file ('' without one)."""
+        if self.stderr_path is None:
+            return ""
+        try:
+            with open(self.stderr_path, encoding="utf-8", errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return ""
+
+    def _explain(self) -> str:
+        tail = self.stderr_tail()
+        return f"\n--- the end of its stderr ({self.stderr_path}) ---\n{tail}" if tail else ""
 
     @property
     def pid(self) -> int:
@@ -53,7 +68,7 @@ class Child:
         except queue.Empty:
             if self.proc.poll() is not None and self.events.empty():
                 raise RuntimeError(
-                    f"{self.name} exited with {self.proc.returncode}; output: {self.lines[-20:]}"
+                    f"{self.name} exited with {self.proc.returncode}; output: {self.lines[-20:]}{self._explain()}"
                 ) from None
             return None
         self.seen.append(item)
@@ -66,7 +81,8 @@ class Child:
             item = self.next_event(min(left, 0.5))
             if item is not None and item.get("event") == event:
                 return item
-        raise TimeoutError(f"{self.name}: no {event!r} event within {timeout}s; last output: {self.lines[-5:]}")
+        raise TimeoutError(
+            f"{self.name}: no {event!r} event within {timeout}s; last output: {self.lines[-5:]}{self._explain()}")
 
     def send(self, line: str) -> None:
         """Write one line to the child's stdin (started with ``stdin=True``)."""
@@ -218,7 +234,7 @@ class ChildGroup:
         finally:
             if stderr_path is not None:
                 err.close()
-        return self._track(Child(name=name, proc=proc))
+        return self._track(Child(name=name, proc=proc, stderr_path=stderr_path))
 
     def _track(self, child: Child) -> Child:
         threading.Thread(target=self._pump, args=(child,), daemon=True, name=f"pump-{child.name}").start()
@@ -259,7 +275,7 @@ class ChildGroup:
             stdin=open(in_w, "w", encoding="utf-8") if in_w >= 0 else None,  # noqa: SIM115 (closed with the child)
             stdout=open(out_r, encoding="utf-8"),  # noqa: SIM115
         )
-        return self._track(Child(name=name, proc=proc))
+        return self._track(Child(name=name, proc=proc, stderr_path=stderr_path))
 
     @staticmethod
     def _pump(child: Child) -> None:
