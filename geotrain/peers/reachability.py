@@ -37,6 +37,7 @@ import dataclasses
 import ipaddress
 import logging
 import socket
+import statistics
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -398,18 +399,49 @@ def plannable_peers(peers: Mapping[str, PeerRecord], *, relays: bool = True) -> 
     return dict(sorted(out.items()))
 
 
+def _legs(peers: Mapping[str, PeerRecord], links: Mapping[str, Any]) -> Callable[[str, str], tuple[float, float] | None]:
+    """What one leg ``a``-``b`` costs, (bytes/s, RTT s): the pair's own measurement (either direction; the
+    slower), else its regions' figure (the median of every measured pair between them, as the planner
+    prices an unmeasured pair), else None.
+
+    A peer probes only a few peers of each region (``probe_targets``), so in a large swarm no dialable peer
+    need be measured by every dial-out peer, and a probe that failed under load leaves a leg unmeasured.
+    """
+    pairs: dict[frozenset[str], list[tuple[float, float]]] = {}
+    regions: dict[frozenset[str], list[tuple[float, float]]] = {}
+    for row in links.values():
+        if row.src not in peers:
+            continue
+        for dst, m in row.links.items():
+            if dst not in peers or dst == row.src or m.bandwidth_bps <= 0:
+                continue
+            figure = (m.bandwidth_bps, m.rtt_s)
+            pairs.setdefault(frozenset((row.src, dst)), []).append(figure)
+            regions.setdefault(frozenset((peers[row.src].region, peers[dst].region)), []).append(figure)
+
+    def leg(a: str, b: str) -> tuple[float, float] | None:
+        if found := pairs.get(frozenset((a, b))):
+            return min(f[0] for f in found), max(f[1] for f in found)
+        if est := regions.get(frozenset((peers[a].region, peers[b].region))):
+            return statistics.median(f[0] for f in est), statistics.median(f[1] for f in est)
+        return None
+
+    return leg
+
+
 def relay_candidate(peers: Mapping[str, PeerRecord], links: Mapping[str, Any]) -> str | None:
-    """The dialable peer that best relays between the dial-out peers: the one whose slowest measured
-    link to them is fastest (unmeasured counts as 0; ties: lowest peer id). None without one."""
+    """The dialable peer that best relays between the dial-out peers: the one whose slowest link to them
+    (:func:`_legs`: measured, else its regions' figure, else 0) is fastest (ties: lowest peer id). None
+    without one."""
     nat = [p for p, r in peers.items() if r.dial_back]
     dialable = [p for p, r in peers.items() if not r.dial_back and r.reachable is not False]
     if len(nat) < 2 or not dialable:
         return None
+    leg = _legs(peers, links)
 
     def bw(a: str, b: str) -> float:
-        found = [m.bandwidth_bps for src, dst in ((a, b), (b, a)) if src in links
-                 for d, m in links[src].links.items() if d == dst]
-        return min(found, default=0.0)
+        figure = leg(a, b)
+        return 0.0 if figure is None else figure[0]
 
     return min(dialable, key=lambda r: (-min(bw(r, n) for n in nat), r))
 
@@ -418,18 +450,14 @@ def relayed_links(peers: Mapping[str, PeerRecord], links: Mapping[str, Any]) -> 
     """What two dial-out peers' link costs through :func:`relay_candidate`: (bytes/s, RTT s) per pair
     ``(a, b)`` with ``a < b``, for pairs with no measurement of their own (they cannot measure it).
 
-    The relayed hop is priced as two: bandwidth = the slower of the two legs, RTT = their sum.
-    Pairs whose legs are not both measured are left out (the planner places no hop there).
+    The relayed hop is priced as two: bandwidth = the slower of the two legs, RTT = their sum. A leg
+    nobody measured is priced by its regions' figure (:func:`_legs`); pairs with a leg that has neither
+    are left out (the planner places no hop there).
     """
     relay = relay_candidate(peers, links)
     if relay is None:
         return {}
-
-    def leg(a: str, b: str) -> tuple[float, float] | None:
-        found = [(m.bandwidth_bps, m.rtt_s) for src, dst in ((a, b), (b, a)) if src in links
-                 for d, m in links[src].links.items() if d == dst and m.bandwidth_bps > 0]
-        return (min(f[0] for f in found), max(f[1] for f in found)) if found else None
-
+    leg = _legs(peers, links)
     nat = sorted(p for p, r in peers.items() if r.dial_back)
     out = {}
     for i, a in enumerate(nat):

@@ -230,3 +230,24 @@ def test_two_dial_out_peers_are_priced_as_two_hops_through_the_best_relay() -> N
     assert relay_candidate(peers, links) == "fast"
     assert relayed_links(peers, links) == {("n1", "n2"): (5e7, 0.01 + 0.02)}
     assert relayed_links({k: v for k, v in peers.items() if k != "n2"}, links) == {}  # one NATed peer: direct
+
+
+def test_a_relay_leg_nobody_measured_is_priced_by_its_regions() -> None:
+    """Each home peer measured a different public peer (a few per region, or one probe failed): the two
+    legs through either relay are one measured and one priced by the regions' figure, not left out."""
+    from geotrain.peers.reachability import relay_candidate, relayed_links
+    from geotrain.swarm.records import LinkMeasurement, LinkRow
+
+    def row(src: str, **to: tuple[float, float]) -> LinkRow:
+        return LinkRow(src=src, links={d: LinkMeasurement(bandwidth_bps=b, rtt_s=r, measured_at=0.0)
+                                       for d, (b, r) in to.items()})
+
+    peers = {p: rec(p, region="home", endpoint=DIAL_BACK, reachable=False) for p in ("n1", "n2")}
+    peers |= {p: rec(p, region="pub", reachable=True) for p in ("r1", "r2")}
+    links = {"n1": row("n1", r1=(4e7, 0.01)), "n2": row("n2", r2=(2e7, 0.03))}
+    assert relay_candidate(peers, links) == "r1"  # its slower leg (3e7, priced) beats r2's (2e7, measured)
+    # n1-r1 measured (4e7, 10 ms); r1-n2 unmeasured: home<->pub's median (3e7, 20 ms)
+    assert relayed_links(peers, links) == {("n1", "n2"): (3e7, 0.01 + 0.02)}
+    # a region nobody measured a pair of prices nothing: no hop is placed there
+    lone = peers | {"n3": rec("n3", region="cafe", endpoint=DIAL_BACK, reachable=False)}
+    assert relayed_links(lone, links) == {("n1", "n2"): (3e7, 0.01 + 0.02)}
