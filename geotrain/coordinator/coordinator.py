@@ -541,7 +541,8 @@ class Coordinator:
             elif isinstance(a, Replan):
                 try:
                     live = self._with_spares(self._fresh_peers(peers, progress))
-                    self.publish_plan(live, start_step=a.start_step, state_step=a.state_step, reason=a.reason)
+                    self.publish_plan(live, start_step=a.start_step, state_step=a.state_step, reason=a.reason,
+                                      resume_step=a.resume_step)
                 except GeotrainError as e:  # no plannable peer, a failed write: the plan stands, tried again
                     self._event("error", message=f"cannot replan: {e}")
             elif isinstance(a, StateLost):

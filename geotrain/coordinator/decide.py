@@ -124,6 +124,8 @@ class Replan:
     start_step: int
     #: the oldest committed state the next plan may start from (:func:`restart_steps`)
     state_step: int | None = None
+    #: still a resume from this checkpoint step (:func:`carried_resume`): no round committed since it
+    resume_step: int | None = None
 
 
 @dataclass(frozen=True)
@@ -194,7 +196,8 @@ def decide(memory: Memory, view: View, now: float, policy: Policy) -> tuple[Memo
         for p in dead:
             missing.pop(p, None)
         reason: ReplanReason = "death" if dead else "join" if joined else "stall" if stuck else "link"
-        actions.append(Replan(reason, *restart_steps(plan, view.progress, view.live, policy.every)))
+        start_step, state_step = restart_steps(plan, view.progress, view.live, policy.every)
+        actions.append(Replan(reason, start_step, state_step, carried_resume(plan, start_step, state_step)))
         new = replace(new, missing_since=missing, stalled_since={}, degraded_since={}, joiner_since=None)
 
     if finish_deadline is not None and now > finish_deadline:
@@ -284,6 +287,21 @@ def restart_steps(plan: JobPlan, progress: Mapping[str, ProgressRecord], live: S
     if not steps:
         return plan.start_step, plan.state_floor
     return max(plan.start_step, (max(steps) // every) * every), max(plan.start_step, (min(steps) // every) * every)
+
+
+def carried_resume(plan: JobPlan, start_step: int, state_step: int) -> int | None:
+    """The checkpoint step a replan still resumes from: the plan's own ``resume_step`` while the next plan
+    starts at that step from that state (no live peer reported a round committed since the resume), else None.
+
+    A peer that holds nothing of the job (new, or planned now in place of one that died) then asks for that
+    step's state, which holders answer from their state directories; without it it would ask only for what
+    peers hold in memory, and nobody holds anything in memory before the resumed job's first round. (Seen when
+    a swarm restarted within a liveness period of the crash: plan v1 of the resume took the dead peers'
+    records for live peers, and the replan around them found "no reachable holder" on live holders' disks.)
+    """
+    if plan.resume_step is not None and start_step == state_step == plan.resume_step:
+        return plan.resume_step
+    return None
 
 
 def _degraded(since: Mapping[Link, float], view: View, now: float,

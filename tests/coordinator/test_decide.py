@@ -248,3 +248,22 @@ def test_the_rules_read_no_clock_the_same_ticks_give_the_same_actions() -> None:
 
     # after the replan the (unchanged) plan still names D: it is noticed missing again, its grace starts over
     assert run() == run() == [[Missing], [], [], [Death, Replan], [Missing]]
+
+
+def test_a_replan_before_the_first_round_after_a_resume_is_still_that_resume() -> None:
+    """Plan v1 of a resume may name peers that are gone (their records outlive a crash by a liveness period):
+    the replan around them still resumes from the checkpoint, so peers new to the job ask for that step's state,
+    which the holders answer from their state directories."""
+    resumed = replace(plan(start=20), resume_step=20)
+    w = Watch(resumed)
+    fresh = {p: rec(p, step=20) for p in "ABC"}  # none reported a committed round past the resume
+    assert w.tick(0.0, fresh, live="ABC") == [Missing("D")]
+    assert w.tick(3.5, fresh, live="ABC") == [Death("D"), Replan("death", 20, 20, resume_step=20)]
+    # once a live peer reported the next round, the replan starts from the trained state: no resume any more
+    w = Watch(resumed)
+    trained = {p: rec(p, step=30) for p in "ABC"}
+    w.tick(0.0, trained, live="ABC")
+    assert w.tick(3.5, trained, live="ABC") == [Death("D"), Replan("death", 30, 30)]
+    w = Watch(plan(start=20))  # a plan that was no resume carries none
+    w.tick(0.0, fresh, live="ABC")
+    assert w.tick(3.5, fresh, live="ABC") == [Death("D"), Replan("death", 20, 20)]
