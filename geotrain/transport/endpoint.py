@@ -145,8 +145,9 @@ class Transport:
         self._context: tuple[str | None, int, frozenset[str]] = (None, 0, frozenset())
         self._on_newer_plan: Callable[[], None] | None = None  # set once, before traffic; called by the I/O thread
         self._stats = TransportStats()
-        self._stats_lock = threading.Lock()
-        self._meter = InboundMeter()  # passive link figures from stamped messages (under _stats_lock)
+        # guards _stats and _meter; notified on every count, for wait_stats
+        self._stats_cv = threading.Condition(threading.Lock())
+        self._meter = InboundMeter()  # passive link figures from stamped messages (under _stats_cv)
         self._logged: set[str] = set()
         self._pool = concurrent.futures.ThreadPoolExecutor(config.handler_threads, thread_name_prefix="gt-handler")
         self._ready = threading.Event()
@@ -409,20 +410,33 @@ class Transport:
     def inbound_links(self) -> dict[str, InboundLink]:
         """Passive figures of the links into this peer, per sender, from its stamped messages of the last minute
         (:mod:`geotrain.transport.linkmeter`)."""
-        with self._stats_lock:
+        with self._stats_cv:
             return self._meter.links()
 
     @property
     def stats(self) -> TransportStats:
-        with self._stats_lock:
-            return TransportStats(
-                sent_bytes=collections.Counter(self._stats.sent_bytes),
-                recv_bytes=collections.Counter(self._stats.recv_bytes),
-                sent_messages=self._stats.sent_messages,
-                recv_messages=self._stats.recv_messages,
-                dropped=collections.Counter(self._stats.dropped),
-                relayed_bytes=self._stats.relayed_bytes,
-            )
+        with self._stats_cv:
+            return self._stats_copy()
+
+    def wait_stats(self, predicate: Callable[[TransportStats], object], timeout: float) -> TransportStats:
+        """Block until ``predicate(stats)`` holds, woken by each count (a message sent, received, relayed or
+        dropped), not by polling; the stats that satisfied it. TimeoutError after ``timeout`` seconds."""
+        with self._stats_cv:
+            if not self._stats_cv.wait_for(lambda: predicate(self._stats_copy()), timeout):
+                raise TimeoutError(f"transport stats did not reach the condition within {timeout}s: "
+                                   f"{self._stats_copy()}")
+            return self._stats_copy()
+
+    def _stats_copy(self) -> TransportStats:
+        """A copy of the counters (the caller holds ``_stats_cv``)."""
+        return TransportStats(
+            sent_bytes=collections.Counter(self._stats.sent_bytes),
+            recv_bytes=collections.Counter(self._stats.recv_bytes),
+            sent_messages=self._stats.sent_messages,
+            recv_messages=self._stats.recv_messages,
+            dropped=collections.Counter(self._stats.dropped),
+            relayed_bytes=self._stats.relayed_bytes,
+        )
 
     # -- internals: mailbox -----------------------------------------------------------------------
     def _fresh(self, h: Header) -> bool:
@@ -488,8 +502,9 @@ class Transport:
         self._count_drop(type(err).__name__, sender, str(err))
 
     def _count_drop(self, reason: str, sender: str, detail: str = "") -> None:
-        with self._stats_lock:
+        with self._stats_cv:
             self._stats.dropped[reason] += 1
+            self._stats_cv.notify_all()
         if reason not in self._logged:
             self._logged.add(reason)
             logger.warning("dropped a message from %r: %s %s (further ones counted only)", sender, reason, detail)
@@ -826,9 +841,10 @@ class Transport:
                 heapq.heappush(timers, (min(out.deadline, now + 0.05), next(seq), peer))
                 return
             remote.pending.popleft()
-            with self._stats_lock:
+            with self._stats_cv:
                 self._stats.sent_bytes[peer] += out.nbytes
                 self._stats.sent_messages += 1
+                self._stats_cv.notify_all()
             _done(out.future, out.nbytes)
         poller.modify(remote.socket, zmq.POLLIN)
 
@@ -873,8 +889,9 @@ class Transport:
         delay = self._emulator.before_send(remote.region, nbytes) if self._emulator is not None else 0.0
         done: concurrent.futures.Future[int] = concurrent.futures.Future()
         remote.pending.append(_Outgoing(wrapped, nbytes, done, now + delay, now + delay + self.config.send_timeout_s))
-        with self._stats_lock:
+        with self._stats_cv:
             self._stats.relayed_bytes += nbytes
+            self._stats_cv.notify_all()
         self._new_routes.add(to)
 
     def _flush_back(self, peer: str, remote: _Remote, timers: list[Any], seq: Any) -> None:
@@ -906,9 +923,10 @@ class Transport:
                 self._routes.pop(peer, None)
                 return
             remote.pending.popleft()
-            with self._stats_lock:
+            with self._stats_cv:
                 self._stats.sent_bytes[peer] += out.nbytes
                 self._stats.sent_messages += 1
+                self._stats_cv.notify_all()
             _done(out.future, out.nbytes)
 
     def _reply(self, route: bytes, frames: list[Any], to: str) -> None:
@@ -920,9 +938,10 @@ class Transport:
             logger.debug("reply to %s failed: %s", to, e)
             return
         nbytes = sum(memoryview(f).nbytes for f in frames)
-        with self._stats_lock:
+        with self._stats_cv:
             self._stats.sent_bytes[to] += nbytes
             self._stats.sent_messages += 1
+            self._stats_cv.notify_all()
 
 
     def _receive(self, sock: zmq.Socket[Any], *, routed: bool, via: str | None = None) -> None:
@@ -995,11 +1014,12 @@ class Transport:
             self._drop(e, sender)
             return
         nbytes = sum(t.nbytes for t in tensors) + frames[0].buffer.nbytes
-        with self._stats_lock:
+        with self._stats_cv:
             self._stats.recv_bytes[sender] += nbytes
             self._stats.recv_messages += 1
             if STAMP in header.meta:
                 self._meter.arrived(sender, header.meta[STAMP], nbytes)
+            self._stats_cv.notify_all()
         origin: str | None = None
         if route is not None and header.kind in self._origin_handlers:
             try:

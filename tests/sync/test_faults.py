@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 
 import pytest
 import torch
@@ -173,10 +172,10 @@ def test_the_commit_lock_is_free_while_a_round_waits(group: Group) -> None:
     silent = _pick(group, "member")
     survivors = [p for p in group.peers if p.peer_id != silent]
     futures = [group.pool.submit(p.sync.after_inner_step, 1) for p in survivors]
-    deadline = time.monotonic() + FLOOR / 2
-    while sum(p.transport.stats.sent_messages for p in survivors) == 0 and time.monotonic() < deadline:
-        time.sleep(0.005)  # poll: the rounds are under way once members send; they wait for the silent one
-    assert sum(p.transport.stats.sent_messages for p in survivors) > 0
+    # the rounds are under way once a surviving member (no leader) sent its contribution; they wait for the silent one
+    leaders = {m.peer_id for m in _roles(group).leaders.values()}
+    sender = next(p for p in survivors if p.peer_id not in leaders)
+    sender.transport.wait_stats(lambda s: s.sent_messages > 0, timeout=FLOOR / 2)
     # a bounded wait on the lock, well inside the round's wait for the silent member (2 x FLOOR)
     taken = []
     for p in survivors:

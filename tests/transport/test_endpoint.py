@@ -1,7 +1,7 @@
 from __future__ import annotations
 
+import concurrent.futures
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -56,6 +56,19 @@ def test_recv_times_out_with_typed_error(pair: tuple[Transport, Transport]) -> N
     _, b = pair
     with pytest.raises(PeerTimeoutError):  # one that ignored its timeout would hang until the test times out
         b.recv("act", (99,), timeout=0.3)
+
+
+def test_wait_stats_wakes_on_the_count_it_waits_for(pair: tuple[Transport, Transport]) -> None:
+    a, b = pair
+    with pytest.raises(TimeoutError, match="within 0.2s"):  # nothing arrived
+        b.wait_stats(lambda s: s.recv_messages > 0, timeout=0.2)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(b.wait_stats, lambda s: s.recv_messages >= 2, 10)
+        a.send("b", Message(kind="act", tag=(0,)), timeout=10)
+        a.send("b", Message(kind="act", tag=(1,)), timeout=10)
+        got = waiting.result(timeout=30)
+    assert got.recv_messages == 2 and got.recv_bytes["a"] > 0
+    assert a.wait_stats(lambda s: s.sent_messages == 2, timeout=10).sent_bytes["b"] > 0  # already true: at once
 
 
 def test_request_reply_and_probe(pair: tuple[Transport, Transport]) -> None:
@@ -142,10 +155,7 @@ def test_mailbox_overflow_evicts_the_oldest_unclaimed_message() -> None:
         put("late", 2)  # nobody takes this one: the oldest unclaimed from here on
         put("hop", 3)
         put("hop", 4)  # three unclaimed now: "late" must go, not the newer hop 3
-        deadline = time.monotonic() + 10
-        while b.stats.dropped["MailboxOverflow"] < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert b.stats.dropped["MailboxOverflow"] == 1
+        assert b.wait_stats(lambda s: s.dropped["MailboxOverflow"] >= 1, timeout=10).dropped["MailboxOverflow"] == 1
         assert b.recv("hop", (0,), timeout=10).tensors["x"][0] == 3
         assert b.recv("hop", (0,), timeout=10).tensors["x"][0] == 4
         with pytest.raises(PeerTimeoutError):
