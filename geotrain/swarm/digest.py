@@ -142,6 +142,16 @@ class DigestRelay:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
+    def flush(self, timeout: float) -> None:
+        """Wait until the line on its way to the collector (if any) was delivered or given up on (``sent`` or
+        ``refused`` counts it); TimeoutError after ``timeout`` seconds."""
+        with self._lock:
+            pending = self._pending
+        if pending is not None:
+            concurrent.futures.wait([pending], timeout=timeout)
+            if not pending.done():
+                raise TimeoutError(f"the progress line to the collector is still on its way after {timeout}s")
+
     # -- the collector's side ----------------------------------------------------------------------
     def _on_line(self, msg: Message) -> Message:
         plan = self._plan()

@@ -146,6 +146,7 @@ class FaultProxy:
         self._target = _split_target(config.target)
         self._fault = config.fault
         self._lock = threading.Lock()
+        self._connected = threading.Condition(self._lock)  # notified on each accepted connection
         self._stats = ProxyStats()
         self._fired = threading.Event()
         self._next_free = 0.0  # rate cap: when the watched direction may send again (monotonic)
@@ -223,6 +224,14 @@ class FaultProxy:
         """True once the current reset/blackhole fault has acted (within ``timeout`` seconds)."""
         return self._fired.wait(timeout)
 
+    def wait_connections(self, n: int, timeout: float) -> int:
+        """Block until the proxy has accepted ``n`` connections in all (a reconnect after a fault is one more);
+        the count. TimeoutError after ``timeout`` seconds."""
+        with self._connected:
+            if not self._connected.wait_for(lambda: self._stats.connections >= n, timeout):
+                raise TimeoutError(f"{self._stats.connections} of {n} connections within {timeout}s")
+            return self._stats.connections
+
     def reset_all(self) -> int:
         """Reset every open connection now; returns how many."""
         with self._lock:
@@ -256,6 +265,7 @@ class FaultProxy:
             with self._lock:
                 self._conns.add(conn)
                 self._stats.connections += 1
+                self._connected.notify_all()
             for src, dst, d in ((client, server, "up"), (server, client, "down")):
                 t = threading.Thread(target=self._pump, args=(conn, src, dst, d), daemon=True, name=f"gt-proxy-{d}")
                 t.start()

@@ -48,9 +48,7 @@ def warm_up(tx: Transport, rx: Transport) -> None:
 
 def assert_heals(tx: Transport, rx: Transport, proxy: FaultProxy, connections: int) -> None:
     # send once ZMQ has reconnected: a message queued onto the dying connection would be lost with it
-    deadline = time.monotonic() + 20
-    while proxy.stats.connections <= connections and time.monotonic() < deadline:
-        time.sleep(0.01)  # polling for the reconnect, not an assertion delay
+    proxy.wait_connections(connections + 1, timeout=20)
     x = payload(2)
     tx.send("rx", Message(kind="t", tag=(2,), tensors={"x": x}), timeout=10)
     got = rx.recv("t", (2,), timeout=20)
