@@ -25,6 +25,11 @@ are nearest the key. With six nodes (bootstrap, four peers, coordinator) the boo
 one time in six, and once the others are killed no live node holds the plan record (nor the manifest
 beside it). That was the ``damaged`` variant's occasional failure ("no checkpoint manifest ... covering
 all 6 blocks"); the peers' own reports of what their state directories hold now cover it.
+
+Why the ``damaged`` variant's plan v1 may name the dead peers: their records outlive the kill by a liveness
+period, and on the first run's DHT the second run can start within it. The replan around them is still a
+resume from step 10 (``geotrain.coordinator.decide.carried_resume``); before that fix the new peers asked only
+for state held in memory, which nobody had, and the job stopped with "no reachable holder".
 """
 
 from __future__ import annotations
@@ -109,19 +114,6 @@ def coordinator(
 
 
 @pytest.fixture
-def children() -> Iterator[ChildGroup]:
-    """Fresh interpreters, not the suite's preloaded fork server. Forked from it, peers start closer together;
-    then the ``damaged`` variant failed 1 run in 3 beside two busy loops. The second run's peers found no live
-    holder of blocks that one of them held, and reported "no reachable holder" for plan v3. The cause is not
-    understood yet, so this module keeps the start-up timing under which it has passed every run so far."""
-    group = ChildGroup()
-    try:
-        yield group
-    finally:
-        group.close(grace=2.0)
-
-
-@pytest.fixture
 def logs(tmp_path: Path) -> Iterator[Path]:
     """Every child's stderr goes to a file here; their tails are printed at teardown (pytest shows a test's
     captured output only when it fails)."""
@@ -169,7 +161,7 @@ def first_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FirstRun]:
     tmp = tmp_path_factory.mktemp("first-run")
     logs = tmp / "logs"
     logs.mkdir()
-    children = ChildGroup()  # fresh interpreters: see the `children` fixture below
+    children = ChildGroup(preload=True)  # forked from the preloaded server, as the suite's `children` fixture
     try:
         dirs = [tmp / f"state-{i}" for i in range(4)]
         boot, maddrs, peers = start_swarm(children, logs, dirs, "1")
