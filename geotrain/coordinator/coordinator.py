@@ -340,6 +340,7 @@ class Coordinator:
     def _first_plan(self, resume: int | None) -> None:
         """Plan v1 once enough peers are here; retry while links are still being measured."""
         deadline = time.monotonic() + self.job.swarm.wait_peers_s
+        told = None
         while True:
             peers = self.wait_for_peers()
             try:
@@ -349,6 +350,10 @@ class Coordinator:
             except InfeasiblePlanError as e:
                 if time.monotonic() > deadline or self._stop.is_set():
                     raise
+                if str(e) != told:  # the user sees why nothing trains yet, once per reason, not after the wait
+                    told = str(e)
+                    self._event("waiting", reason=told, peers=len(peers),
+                                wait_s=round(max(0.0, deadline - time.monotonic()), 1))
                 logger.info("not plannable yet (%s); waiting for more link measurements", e)
                 self._stop.wait(self.config.poll_s * 2)
 

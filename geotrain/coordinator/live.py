@@ -60,6 +60,9 @@ class LiveView:
             self._last_validation = (event["step"], event["round"])
             self._log(f"[magenta]validation[/] global model at step {event['step']} (round {event['round']}): "
                       f"loss {event['loss']:.3f}")
+        elif kind == "waiting":
+            self._log(f"[yellow]waiting[/] {event.get('peers')} peers not plannable yet (gives up in "
+                      f"{event.get('wait_s')}s): {event.get('reason')}")
         elif kind == "death":
             self._log(f"[red]death[/] {event['peer_id'][:12]}")
         elif kind in ("stop", "reattach", "error", "start"):

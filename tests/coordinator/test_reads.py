@@ -4,6 +4,7 @@ changed (a new peer reports progress) or every ``peers_every_s``; a replan plans
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -104,3 +105,27 @@ def test_each_peer_joins_once_per_run_across_planning_attempts(tmp_path: Path) -
     for _ in range(3):  # the first attempt and two retries
         assert set(c.wait_for_peers()) == {"A", "B"}
     assert sorted(e["peer_id"] for e in events if e["event"] == "join") == ["A", "B"]
+
+
+def test_plan_v1_not_plannable_yet_says_why_once_per_reason(tmp_path: Path) -> None:
+    from geotrain.errors import InfeasiblePlanError
+
+    reads, clock = Reads(), [0.0]
+    c = coordinator(tmp_path, reads, clock)
+    events: list[dict[str, Any]] = []
+    c._emit = events.append  # type: ignore[method-assign]
+    c.config = replace(c.config, poll_s=0.0)
+    c.wait_for_peers = lambda: {p: peer_record(p) for p in "AB"}  # type: ignore[method-assign]
+    reasons = iter(["region 'home' has 2 peers but no link inside it"] * 3 + ["regions are disconnected: a | b"])
+
+    def publish_plan(peers: Any, **kw: Any) -> None:
+        reason = next(reasons, None)
+        if reason is not None:
+            raise InfeasiblePlanError(reason)
+
+    c.publish_plan = publish_plan  # type: ignore[method-assign]
+    c._first_plan(None)
+    waiting = [e for e in events if e["event"] == "waiting"]
+    assert [e["reason"] for e in waiting] == ["region 'home' has 2 peers but no link inside it",
+                                              "regions are disconnected: a | b"]
+    assert all(e["peers"] == 2 and e["wait_s"] > 0 for e in waiting)
