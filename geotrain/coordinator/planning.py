@@ -45,15 +45,11 @@ def scenario_dict(
     # each measured direction src -> dst (the prober's bulk transfer goes src -> dst): (bandwidth B/s, rtt s).
     # A pair measured both ways gets one link per direction (a home uplink is not its downlink); measured one
     # way, that figure stands for both.
+    from geotrain.peers.reachability import measured_directions, relayed_links
+
     seen: dict[tuple[str, str], list[tuple[float, float]]] = {}
-    for row in links.values():
-        if row.src not in peers:
-            continue
-        for dst, m in row.links.items():
-            if dst not in peers or dst == row.src or m.bandwidth_bps <= 0:
-                continue
-            seen.setdefault((row.src, dst), []).append((m.bandwidth_bps, m.rtt_s))
-    from geotrain.peers.reachability import relayed_links
+    for src, dst, figure in measured_directions(peers, links):
+        seen.setdefault((src, dst), []).append(figure)
 
     for key, relayed in relayed_links(peers, links).items():  # two peers behind NAT: an extra hop via a relay
         if key not in seen and key[::-1] not in seen:

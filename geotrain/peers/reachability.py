@@ -39,7 +39,7 @@ import logging
 import socket
 import statistics
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -399,6 +399,20 @@ def plannable_peers(peers: Mapping[str, PeerRecord], *, relays: bool = True) -> 
     return dict(sorted(out.items()))
 
 
+def measured_directions(
+    peers: Mapping[str, PeerRecord], links: Mapping[str, Any]
+) -> Iterator[tuple[str, str, tuple[float, float]]]:
+    """Each usable measurement in the link rows: ``(src, dst, (bytes/s, RTT s))`` between two of ``peers``
+    (the prober's bulk transfer went src -> dst); rows of unknown peers, self-links and zero bandwidths are
+    left out."""
+    for row in links.values():
+        if row.src not in peers:
+            continue
+        for dst, m in row.links.items():
+            if dst in peers and dst != row.src and m.bandwidth_bps > 0:
+                yield row.src, dst, (m.bandwidth_bps, m.rtt_s)
+
+
 def _legs(peers: Mapping[str, PeerRecord], links: Mapping[str, Any]) -> Callable[[str, str], tuple[float, float] | None]:
     """What one leg ``a``-``b`` costs, (bytes/s, RTT s): the pair's own measurement (either direction; the
     slower), else its regions' figure (the median of every measured pair between them, as the planner
@@ -409,15 +423,9 @@ def _legs(peers: Mapping[str, PeerRecord], links: Mapping[str, Any]) -> Callable
     """
     pairs: dict[frozenset[str], list[tuple[float, float]]] = {}
     regions: dict[frozenset[str], list[tuple[float, float]]] = {}
-    for row in links.values():
-        if row.src not in peers:
-            continue
-        for dst, m in row.links.items():
-            if dst not in peers or dst == row.src or m.bandwidth_bps <= 0:
-                continue
-            figure = (m.bandwidth_bps, m.rtt_s)
-            pairs.setdefault(frozenset((row.src, dst)), []).append(figure)
-            regions.setdefault(frozenset((peers[row.src].region, peers[dst].region)), []).append(figure)
+    for src, dst, figure in measured_directions(peers, links):
+        pairs.setdefault(frozenset((src, dst)), []).append(figure)
+        regions.setdefault(frozenset((peers[src].region, peers[dst].region)), []).append(figure)
 
     def leg(a: str, b: str) -> tuple[float, float] | None:
         if found := pairs.get(frozenset((a, b))):
