@@ -420,7 +420,8 @@ class Transport:
 
     def wait_stats(self, predicate: Callable[[TransportStats], object], timeout: float) -> TransportStats:
         """Block until ``predicate(stats)`` holds, woken by each count (a message sent, received, relayed or
-        dropped), not by polling; the stats that satisfied it. TimeoutError after ``timeout`` seconds."""
+        dropped), not by polling; the stats that satisfied it. TimeoutError after ``timeout`` seconds.
+        ``predicate`` gets a copy of the counters, under the stats lock: it must not call this transport."""
         with self._stats_cv:
             if not self._stats_cv.wait_for(lambda: predicate(self._stats_copy()), timeout):
                 raise TimeoutError(f"transport stats did not reach the condition within {timeout}s: "
