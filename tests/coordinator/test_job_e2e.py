@@ -115,6 +115,7 @@ def test_joiner_mid_run_is_folded_in_and_pulls_verified_state(children: ChildGro
     started, folded_in, done = threading.Event(), threading.Event(), threading.Event()
     steps_seen = [0]  # the furthest step a progress event showed: at the join, where the job was
     join_step: list[int] = []
+    stop_eval: list[dict[str, Any]] = []  # the evaluation that ended the watch
 
     def on_event(e: dict[str, Any]) -> None:
         # the late peer starts with the first plan: it is ready 15-30 s later, while the job trains
@@ -129,6 +130,7 @@ def test_joiner_mid_run_is_folded_in_and_pulls_verified_state(children: ChildGro
             join_step.append(steps_seen[0])
             folded_in.set()
         elif e.get("event") == "validation" and folded_in.is_set() and e["step"] >= join_step[0] + AFTER_JOIN:
+            stop_eval.append(e)
             done.set()  # the coordinator ends its watch and writes the report (with a final evaluation)
 
     report = run_coordinator(None, initial_peers=swarm.maddrs, job_id="e2e-join", report_dir=tmp_path,
@@ -154,11 +156,14 @@ def test_joiner_mid_run_is_folded_in_and_pulls_verified_state(children: ChildGro
     assert join_plan["start_step"] >= join_step[0] // every * every >= join_plan["state_step"], (join_plan, join_step)
     val = [v for v in report["validation"] if v["loss"] is not None]
     assert val[-1]["loss"] < val[0]["loss"] - 0.5, val
-    # the join set nothing back: the last loss after it is no worse than the last one before it, up to noise.
-    # 0.1: consecutive evaluations (4 batches, 100 to 200 steps apart) of a plan nobody joined differ by up to 0.09
-    # here, while a stage restarted from the seed costs more than 2 (the loss at step 0 is 5.4, 2.8 at step 800)
+    # the join set nothing back: the watch's last evaluation, AFTER_JOIN steps past it, is no worse than the last
+    # one before it, up to noise. 0.1: consecutive evaluations (4 batches, 100 to 200 steps apart) of a plan nobody
+    # joined differ by up to 0.09 here, while a stage restarted from the seed costs more than 2 (the loss at step 0
+    # is 5.4, 2.8 at step 800). Not the report's final row: the peers train on until the coordinator has fetched
+    # the final model, 90 to 480 steps more on a loaded box, where this tiny model's loss has also gone up (2.73 to
+    # 2.98 once, with no replan), which is no verdict on the join.
     before = [v for v in val if v["t_s"] < join_t]
-    after = [v for v in val if v["t_s"] > join_t]
+    after = [v for v in val if v["t_s"] > join_t and v["step"] <= stop_eval[0]["step"]]
     assert before and after, (join_t, val)
     assert after[-1]["loss"] <= before[-1]["loss"] + 0.1, (join_t, val)
 
