@@ -441,11 +441,15 @@ def relay_candidate(peers: Mapping[str, PeerRecord], links: Mapping[str, Any]) -
     """The dialable peer that best relays between the dial-out peers: the one whose slowest link to them
     (:func:`_legs`: measured, else its regions' figure, else 0) is fastest (ties: lowest peer id). None
     without one."""
+    return _relay(peers, _legs(peers, links))
+
+
+def _relay(peers: Mapping[str, PeerRecord], leg: Callable[[str, str], tuple[float, float] | None]) -> str | None:
+    """:func:`relay_candidate` on legs already priced."""
     nat = [p for p, r in peers.items() if r.dial_back]
     dialable = [p for p, r in peers.items() if not r.dial_back and r.reachable is not False]
     if len(nat) < 2 or not dialable:
         return None
-    leg = _legs(peers, links)
 
     def bw(a: str, b: str) -> float:
         figure = leg(a, b)
@@ -462,10 +466,10 @@ def relayed_links(peers: Mapping[str, PeerRecord], links: Mapping[str, Any]) -> 
     nobody measured is priced by its regions' figure (:func:`_legs`); pairs with a leg that has neither
     are left out (the planner places no hop there).
     """
-    relay = relay_candidate(peers, links)
+    leg = _legs(peers, links)  # priced once, for the choice of relay and its hops
+    relay = _relay(peers, leg)
     if relay is None:
         return {}
-    leg = _legs(peers, links)
     nat = sorted(p for p, r in peers.items() if r.dial_back)
     out = {}
     for i, a in enumerate(nat):
