@@ -715,7 +715,9 @@ class Coordinator:
         from geotrain.coordinator.evaluate import fetch_global, validation_loss
 
         try:
-            state = fetch_global(self.job, self.plan, self.transport, timeout=self.job.swarm.round_timeout_s)
+            # one try: a skipped periodic row costs less than a watch loop held up
+            state = fetch_global(self.job, self.plan, self.transport, timeout=self.job.swarm.round_timeout_s,
+                                 attempts=1)
             loss = validation_loss(self.job, state.params)
         except GeotrainError as e:
             logger.info("evaluation at step %d skipped: %s", reached, e)
