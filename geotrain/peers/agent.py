@@ -343,6 +343,9 @@ class PeerAgent:
             # a coordinator this peer did not admit yet: its news of the job was refused; read the job now
             self._plan_news.poke()
         keys += [k.decode() for k in job_keys]
+        coordinator = self._coordinator  # the job this peer follows, as its watcher read it (every poll)
+        if coordinator is not None and coordinator.curve_public_key:
+            keys.append(coordinator.curve_public_key)
         with self._lock:
             plan = self._plan
         if plan is not None:  # the plan's peers, as the coordinator verified them (a quick read may miss one)

@@ -112,3 +112,20 @@ def test_a_peer_nobody_can_dial_is_no_target_and_probes_its_targets_whatever_the
     nat = {oldest}  # behind NAT: the others cannot dial it, so it measures its pairs itself
     assert probe_targets(oldest, view, started=started, dial_out=nat) == probe_targets(oldest, view)
     assert all(oldest not in probe_targets(me, view, started=started, dial_out=nat) for me in view)
+
+
+def test_the_followed_coordinator_stays_on_the_allow_list_when_a_quick_read_misses_its_job() -> None:
+    from geotrain.peers.agent import AgentConfig, PeerAgent
+    from geotrain.swarm.news import Contact
+
+    allowed: list[set[bytes]] = []
+    swarm = SimpleNamespace(peer_id="me", admission=object(), config=SimpleNamespace(record_ttl_s=30.0),
+                            get_jobs=lambda **kw: {})  # this read missed the job record
+    transport = SimpleNamespace(config=SimpleNamespace(curve=object()), allow_clients=allowed.append)
+    agent = PeerAgent(AgentConfig(region="r0"), swarm=swarm, transport=transport)  # type: ignore[arg-type]
+    member = SimpleNamespace(curve_public_key="member-key")
+    agent._refresh_allow_list({"m": member})  # type: ignore[dict-item]
+    assert allowed[-1] == {b"member-key"}
+    agent._coordinator = Contact("coord", "tcp://127.0.0.1:1", curve_public_key="coord-key")
+    agent._refresh_allow_list({"m": member})  # type: ignore[dict-item]
+    assert allowed[-1] == {b"member-key", b"coord-key"}
