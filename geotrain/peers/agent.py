@@ -448,6 +448,9 @@ class PeerAgent:
         self._coordinator = (
             Contact(owner, rec.endpoint, curve_public_key=rec.curve_public_key) if rec.endpoint else None
         )
+        if (self.swarm.admission is not None and self.transport.config.curve is not None and rec.curve_public_key
+                and rec.curve_public_key.encode() not in self._allowed_seen):
+            self._view_now.set()  # a coordinator not admitted yet: the probe thread refreshes the allow-list now
         if self.transport.dial_out and rec.endpoint and self._coordinator is not None:
             # behind NAT: open the connection the coordinator answers over (news, state requests)
             server_key = rec.curve_public_key.encode() if rec.curve_public_key else None

@@ -129,3 +129,25 @@ def test_the_followed_coordinator_stays_on_the_allow_list_when_a_quick_read_miss
     agent._coordinator = Contact("coord", "tcp://127.0.0.1:1", curve_public_key="coord-key")
     agent._refresh_allow_list({"m": member})  # type: ignore[dict-item]
     assert allowed[-1] == {b"member-key", b"coord-key"}
+
+
+def test_a_coordinator_the_watcher_reads_first_wakes_the_allow_list_refresh() -> None:
+    from geotrain.peers.agent import AgentConfig, PeerAgent
+    from tests.coordinator.test_job_e2e import tiny_job
+
+    job = SimpleNamespace(job_id="j", spec=tiny_job(steps=5), endpoint="tcp://127.0.0.1:1", curve_public_key="coord-key",
+                          published_at=1.0, plan_version=None, plan_stop_step=None)
+    allowed: list[set[bytes]] = []
+    swarm = SimpleNamespace(peer_id="me", admission=object(), config=SimpleNamespace(record_ttl_s=30.0),
+                            get_jobs=lambda **kw: {}, latest_plan=lambda **kw: None)
+    transport = SimpleNamespace(config=SimpleNamespace(curve=object()), allow_clients=allowed.append, dial_out=False)
+    agent = PeerAgent(AgentConfig(region="r0"), swarm=swarm, transport=transport)  # type: ignore[arg-type]
+    swarm.get_jobs = lambda **kw: {"coord": job}  # the watcher's read finds the job; the probe loop's did not
+    assert agent._current() is None and agent._view_now.is_set()
+    agent._view_now.clear()
+    swarm.get_jobs = lambda **kw: {}
+    agent._refresh_allow_list({})
+    assert allowed[-1] == {b"coord-key"}
+    swarm.get_jobs = lambda **kw: {"coord": job}
+    agent._current()
+    assert not agent._view_now.is_set()  # admitted already: no wake-up at every poll
