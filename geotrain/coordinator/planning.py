@@ -8,20 +8,28 @@ Links: each measured direction becomes a peer-to-peer link of its own (a pair
 measured one way only: that figure for both ways). Each ordered region pair
 also gets a link from the median of its measured directions, so a pair that was
 not probed (peers probe only some: ``geotrain.swarm.probe_targets``) still has a
-figure; a pair with no figure at all is left out, and the planner will not
-place a hop there.
+figure. Two regions nobody measured a pair between (the only pair's probe
+failed, e.g. refused while a closed swarm's allow-lists had not caught up) are
+priced through a third region both were measured to: the slower leg's bandwidth
+and the sum of the RTTs, the best such path (:func:`bridged_region_links`; a
+two-hop path bounds the direct one, so the estimate errs slow). Regions with no
+path at all stay without a link, and the planner will not place a hop there.
 """
 
 from __future__ import annotations
 
+import itertools
+import logging
 import statistics
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from geotrain.config import JobSpec
 from geotrain.errors import InfeasiblePlanError
 from geotrain.plan import JobPlan, StageSlot
 from geotrain.swarm.records import LinkMeasurement, LinkRow, PeerRecord
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_EGRESS_USD_PER_GB = 0.02
 
@@ -62,15 +70,14 @@ def scenario_dict(
         link_list.append({"a": a, "b": b, "bandwidth_gbps": bw * 8 / 1e9, "rtt_ms": rtt * 1e3})
         ra, rb = peers[a].region, peers[b].region
         by_region_pair.setdefault((ra, rb), []).append((bw, rtt))
-    for (ra, rb), ms in sorted(by_region_pair.items()):
-        link_list.append(
-            {
-                "a": ra,
-                "b": rb,
-                "bandwidth_gbps": statistics.median(x[0] for x in ms) * 8 / 1e9,
-                "rtt_ms": statistics.median(x[1] for x in ms) * 1e3,
-            }
-        )
+    region_figures = {pair: (statistics.median(x[0] for x in ms), statistics.median(x[1] for x in ms))
+                      for pair, ms in sorted(by_region_pair.items())}
+    bridged = bridged_region_links(region_figures, regions)
+    for (ra, rb), (bw, rtt) in bridged.items():
+        logger.info("regions %s and %s: no pair measured; priced through a third region (%.1f Mbit/s, %.0f ms)",
+                    ra, rb, bw * 8 / 1e6, rtt * 1e3)
+    for (ra, rb), (bw, rtt) in [*region_figures.items(), *bridged.items()]:
+        link_list.append({"a": ra, "b": rb, "bandwidth_gbps": bw * 8 / 1e9, "rtt_ms": rtt * 1e3})
 
     peer_list = [
         {
@@ -84,6 +91,34 @@ def scenario_dict(
         for p in sorted(peers.values(), key=lambda r: r.peer_id)
     ]
     return {"regions": regions, "links": link_list, "peers": peer_list, **job_scenario(job)}
+
+
+def bridged_region_links(
+    figures: Mapping[tuple[str, str], tuple[float, float]], regions: Iterable[str]
+) -> dict[tuple[str, str], tuple[float, float]]:
+    """(bytes/s, RTT s) for each pair of distinct ``regions`` without a figure in ``figures`` (either order),
+    through the third region that gives the fastest two-leg path: the slower leg's bandwidth, the sum of the
+    RTTs. Pairs priced so may price further pairs (in sorted order, until nothing changes); a pair with no
+    path is left out."""
+    known: dict[tuple[str, str], tuple[float, float]] = {}
+    for (a, b), f in figures.items():
+        known[(a, b)] = f
+        known.setdefault((b, a), f)
+    names = sorted(set(regions))
+    out: dict[tuple[str, str], tuple[float, float]] = {}
+    changed = True
+    while changed:
+        changed = False
+        for a, b in itertools.combinations(names, 2):
+            if (a, b) in known:
+                continue
+            paths = [(min(known[(a, c)][0], known[(c, b)][0]), known[(a, c)][1] + known[(c, b)][1])
+                     for c in names if c not in (a, b) and (a, c) in known and (c, b) in known]
+            if paths:
+                best = max(paths, key=lambda f: (f[0], -f[1]))
+                known[(a, b)] = known[(b, a)] = out[(a, b)] = best
+                changed = True
+    return out
 
 
 def job_scenario(job: JobSpec) -> dict[str, Any]:

@@ -118,3 +118,43 @@ def test_news_of_a_replan_reaches_the_peers_it_moved_out_and_its_spares() -> Non
     assert told["QmA"] == "tcp://127.0.0.1:65"  # the plan's own slot, not the record's address
     assert {c.peer_id for c in news_contacts(new, None, records)} == {"QmA", "QmB", "QmC", "QmD"}  # spares too
     assert {c.peer_id for c in news_contacts(old, None, {})} == {"QmA", "QmB"}
+
+
+def test_two_regions_nobody_measured_a_pair_of_are_priced_through_a_third() -> None:
+    from geotrain.coordinator.planning import bridged_region_links
+
+    figures = {("pub1", "home"): (4e7, 0.01), ("home", "pub2"): (2e7, 0.03), ("pub1", "cafe"): (1e7, 0.005),
+               ("cafe", "pub2"): (1e7, 0.001)}
+    # pub1-pub2 through home (2e7: its slower leg) beats through cafe (1e7); RTTs add up
+    got = bridged_region_links(figures, ["pub1", "pub2", "home", "cafe"])
+    assert got[("pub1", "pub2")] == (2e7, 0.01 + 0.03)
+    assert got[("cafe", "home")] == (1e7, 0.005 + 0.01)  # through pub1 (1e7, 15 ms) beats pub2 (1e7, 31 ms)
+    assert set(got) == {("pub1", "pub2"), ("cafe", "home")}  # measured pairs are not re-priced
+    # a region with no measured pair to anyone stays without a link; a pair two hops apart gets one
+    chain = bridged_region_links({("a", "b"): (1e8, 0.01), ("b", "c"): (1e8, 0.01), ("c", "d"): (5e7, 0.02)},
+                                 ["a", "b", "c", "d", "lone"])
+    assert chain[("a", "d")] == (5e7, 0.04) and not any("lone" in pair for pair in chain)
+
+
+def test_a_stage_group_spanning_three_regions_plans_when_the_public_pair_was_never_measured() -> None:
+    """Two public peers and two behind NAT in one stage group: every leg to the homes was measured, the one
+    pair between the public regions (its probe refused while allow-lists caught up) was not."""
+    import time
+
+    from geotrain.config import job_from_dict
+    from geotrain.coordinator.planning import make_plan
+    from geotrain.peers.reachability import DIAL_BACK
+    from geotrain.swarm.records import LinkMeasurement, LinkRow
+    from tests.coordinator.test_job_e2e import tiny_job
+    from tests.swarm.test_reachability import rec
+
+    raw = tiny_job(steps=20)
+    raw["pipeline"].update(stages=1, pipelines=4)
+    peers = {"a": rec("a", region="pub1", endpoint="tcp://10.0.0.1:1", reachable=True),
+             "b": rec("b", region="pub2", endpoint="tcp://10.0.0.2:1", reachable=True),
+             "h1": rec("h1", region="home", endpoint=DIAL_BACK, reachable=False),
+             "h2": rec("h2", region="home", endpoint=DIAL_BACK, reachable=False)}
+    m = LinkMeasurement(bandwidth_bps=1e8, rtt_s=0.01, measured_at=time.time())
+    links = {h: LinkRow(src=h, links={"a": m, "b": m}) for h in ("h1", "h2")}
+    plan, _ = make_plan(job_from_dict(raw), "j", version=1, peers=peers, links=links)
+    assert sorted(s.peer for pipe in plan.pipelines for s in pipe) == ["a", "b", "h1", "h2"]
