@@ -56,8 +56,23 @@ def _die_with_parent() -> None:
         sys.exit(0)
 
 
+def _stacks_on_sigusr1() -> None:
+    """``kill -USR1 PID``: every thread's Python stack to stderr, the process going on (a peer that hangs
+    says where)."""
+    import faulthandler
+    import signal
+
+    if not hasattr(signal, "SIGUSR1"):
+        return
+    try:
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+    except (AttributeError, OSError, ValueError):  # a stderr with no file descriptor (captured, in-process)
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     _die_with_parent()
+    _stacks_on_sigusr1()
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(

@@ -301,6 +301,17 @@ class ChildGroup:
             child.signal(signal.SIGKILL)
             child.proc.wait(timeout=10)
 
+    def dump_stacks(self, settle_s: float = 1.0) -> None:
+        """Ask every live ``geotrain`` child to print each thread's stack to its stderr (SIGUSR1, to the child
+        alone: its p2pd would die of it), then give them ``settle_s`` to write: a hung child says where."""
+        for child in self.children:
+            if child.proc.poll() is None:
+                try:
+                    os.kill(child.proc.pid, signal.SIGUSR1)
+                except ProcessLookupError:
+                    pass
+        time.sleep(settle_s)
+
     def close(self, grace: float = 5.0) -> None:
         for child in self.children:
             child.signal(signal.SIGTERM)

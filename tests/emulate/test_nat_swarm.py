@@ -151,7 +151,11 @@ def test_two_home_peers_in_one_stage_group_exchange_through_a_relay_in_a_closed_
     run = children.start("run", ["run", str(job), "--json", "--initial-peers", *maddrs, "--host", ADDR["p1"],
                                  "--job-id", "natjob", "--report-dir", str(tmp_path / "report"), *closed],
                          prefix=net.prefix("p1"), stderr_path=str(LOGS / "gt-nat-run.log"))
-    run.wait_event("report", 420)
+    try:
+        run.wait_event("report", 420)
+    except (RuntimeError, TimeoutError):
+        children.dump_stacks()  # each peer's threads into its log (LOGS/gt-nat-*.log)
+        raise
     assert run.proc.wait(timeout=60) == 0
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     slots = {s["peer"]: s for pipe in report["plans"][-1]["pipelines"] for s in pipe}
