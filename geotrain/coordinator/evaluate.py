@@ -54,21 +54,17 @@ def fetch_global(
 ) -> StageState:
     """The whole global model, block range by block range, from the plan's stage groups.
 
-    A block range whose every member failed to answer is asked again, up to ``attempts`` times in all, over
-    fresh connections (a connection whose handshake was refused, or whose route went stale, is not reused):
-    the final model is what the user came for, and one slow answer must not lose it.
+    A block range whose every member failed to answer is asked again, up to ``attempts`` times in all (a
+    refused CURVE handshake is redialled by the transport meanwhile): the final model is what the user came
+    for, and one slow answer must not lose it.
     """
     everyone = {s.peer: s for pipe in plan.pipelines for s in pipe}
-
-    def dial(member: str) -> None:
-        sl = everyone[member]
-        key = sl.curve_public_key.encode() if sl.curve_public_key else None
-        transport.connect(member, sl.endpoint, region=sl.region, curve_server_key=key)
-
     state: StageState | None = None
     for group in plan.sync_groups():
         for m in group.members:
-            dial(m)
+            sl = everyone[m]
+            key = sl.curve_public_key.encode() if sl.curve_public_key else None
+            transport.connect(m, sl.endpoint, region=sl.region, curve_server_key=key)
         for attempt in range(1, max(1, attempts) + 1):
             try:
                 piece = fetch_state(
@@ -79,10 +75,7 @@ def fetch_global(
             except StateTransferError as e:
                 if attempt >= attempts:
                     raise
-                logger.info("blocks [%d, %d): %s; asking again over fresh connections", group.start, group.end, e)
-                for m in group.members:
-                    transport.disconnect(m)
-                    dial(m)
+                logger.info("blocks [%d, %d): %s; asking again", group.start, group.end, e)
         state = piece if state is None else state.merge(piece)
     if state is None:
         raise StateTransferError("the plan has no stage groups")

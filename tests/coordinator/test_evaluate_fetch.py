@@ -1,4 +1,4 @@
-"""The coordinator's fetch of the final global model asks a silent stage group again over fresh connections."""
+"""The coordinator's fetch of the final global model asks a silent stage group again."""
 
 from __future__ import annotations
 
