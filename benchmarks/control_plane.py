@@ -199,7 +199,7 @@ def run_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
     """All phases for one swarm size; returns the figures the summary compares."""
     ns_name = f"{NS_PREFIX}cp{os.getpid() % 100000}-lo"
     figures: dict[str, Any] = {"peers": n}
-    with Namespace(ns_name, per_port=args.per_port) as ns, ChildGroup() as group, tempfile.TemporaryDirectory() as tmp:
+    with Namespace(ns_name, per_port=args.per_port) as ns, ChildGroup(preload=True) as group, tempfile.TemporaryDirectory() as tmp:
         state = Path(tmp)
         boot = group.start("dht", ["dht", "--host", "127.0.0.1", "--port", str(DHT_BASE + 999)], prefix=ns.prefix)
         maddrs = boot.wait_event("ready", timeout=120)["maddrs"]
@@ -209,7 +209,7 @@ def run_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
             peers.append(group.start(f"peer{i}", _peer_cmd(i, maddrs, region, args, state), prefix=ns.prefix))
         for p in peers:
             p.wait_event("ready", timeout=60 + 10 * n)
-        figures["settle_s"] = _settle_quiet(ns, args.settle, max_s=args.settle + 10 * n)
+        figures["settle_s"] = _settle_quiet(ns, args.settle, max_s=args.settle + 10 * n, window_s=args.quiet_window)
         c0, t0 = ns.counters(), time.monotonic()
         _settle(args.window)
         d, dt = _delta(c0, ns.counters()), time.monotonic() - t0
@@ -261,6 +261,7 @@ def run_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
                    "watch_ticks_covered": reads.get("covered", 0) - reads0.get("covered", 0),
                    "watch_full_reads": reads.get("full", 0) - reads0.get("full", 0),
                    **{f"{k}_bytes_per_peer_s": round(v / dt / (n + 1), 1) for k, v in d.items()}})
+        group.close(grace=2.0)  # nothing is measured past here: not the ~8 s a bootstrap's DHT takes to stop
     return figures
 
 
@@ -292,19 +293,19 @@ def _tokens(coord: Child, reads: dict[str, int] | None = None) -> int:
     return tokens
 
 
-def _settle_quiet(ns: Namespace, seconds: float, *, max_s: float) -> float:
+def _settle_quiet(ns: Namespace, seconds: float, *, max_s: float, window_s: float = 5.0) -> float:
     """Wait ``seconds``, then until the data plane is quiet (the join's link probes are over) or ``max_s``.
 
-    Quiet is two 5 s windows in a row without a bulk probe's bytes (a probe starts at 256 KiB): one quiet
-    window was seen between two peers' late probes at N = 32 on 2 cores, and the idle window then counted
-    3.5 KB/s per peer of join probes.
+    Quiet is two ``window_s`` windows in a row without a bulk probe's bytes (a probe starts at 256 KiB):
+    one quiet 5 s window was seen between two peers' late probes at N = 32 on 2 cores, and the idle
+    window then counted 3.5 KB/s per peer of join probes.
     """
     t0 = time.monotonic()
     _settle(seconds)
     quiet = 0
     while ns.nft and time.monotonic() - t0 < max_s and quiet < 2:
         c0 = ns.counters()
-        _settle(5.0)
+        _settle(window_s)
         quiet = quiet + 1 if ns.counters()["data"] - c0["data"] < 64 << 10 else 0
     return time.monotonic() - t0
 
@@ -320,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--regions", type=int, default=4, help="region labels the peers are spread over")
     ap.add_argument("--window", type=float, default=60.0, help="seconds measured per phase")
     ap.add_argument("--settle", type=float, default=30.0, help="seconds after joining before measuring")
+    ap.add_argument("--quiet-window", type=float, default=5.0, metavar="S",
+                    help="settling ends after two S-second windows in a row without probe bytes")
     ap.add_argument("--joiner-tail", type=float, default=5.0, help="seconds counted after the joiner's link row")
     ap.add_argument("--heartbeat", type=float, default=0.0, help="peer heartbeat period (0: the peer's default)")
     ap.add_argument("--train", action="store_true", help="also measure while training a tiny job")

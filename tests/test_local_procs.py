@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
 import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from geotrain.local.procs import ChildGroup, ForkedProc
+from geotrain.local.procs import ChildGroup, ForkedProc, netns_of
 
 pytestmark = pytest.mark.multiprocess
 
@@ -78,3 +79,51 @@ def test_a_child_that_exits_names_the_end_of_its_stderr(tmp_path: Path, preload:
     # what the command printed before it exited, not only its stdout: the reason a test failed
     assert "required: --initial-peers" in str(e.value) and str(log) in str(e.value)
     assert "required: --initial-peers" in child.stderr_tail()
+
+
+@pytest.mark.netns
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="needs root and iproute2 (a namespace)")
+def test_a_child_behind_ip_netns_exec_is_forked_into_the_namespace() -> None:
+    """``ip netns exec NAME`` as a prefix: the forked child enters NAME itself, and so do its DHT and daemons."""
+    name = f"gt-tfork{os.getpid() % 100000}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        subprocess.run(["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"], check=True)
+        inode = os.stat(f"/run/netns/{name}").st_ino
+        with ChildGroup(preload=True) as forked:
+            child = forked.start("dht", ["dht", "--host", "127.0.0.1"], prefix=["ip", "netns", "exec", name])
+            ready = child.wait_event("ready", 60)
+            assert isinstance(child.proc, ForkedProc)
+            assert os.readlink(f"/proc/{child.pid}/ns/net") == f"net:[{inode}]"
+            assert os.readlink(f"/proc/{os.getpid()}/ns/net") != f"net:[{inode}]"  # this process stayed out
+            port = int(ready["maddrs"][0].split("/tcp/")[1].split("/")[0])
+            listening = subprocess.run(["ip", "netns", "exec", name, "ss", "-Hltn", f"sport = :{port}"],
+                                       capture_output=True, text=True, check=True).stdout
+            assert f":{port}" in listening  # the DHT's daemon, started by the child, listens in the namespace
+        with ChildGroup(preload=True) as forked:  # a namespace that does not exist: the child fails, saying so
+            gone = forked.start("dht", ["dht"], prefix=["ip", "netns", "exec", name + "-gone"])
+            with pytest.raises(RuntimeError, match="exited with 1"):
+                gone.wait_event("ready", 60)
+    finally:
+        subprocess.run(["ip", "netns", "delete", name], check=False)
+
+
+def test_only_an_exact_ip_netns_exec_prefix_names_a_namespace() -> None:
+    assert netns_of(["ip", "netns", "exec", "eu"]) == "eu"
+    assert netns_of(["/usr/sbin/ip", "netns", "exec", "eu"]) == "eu"
+    assert netns_of([]) is None
+    assert netns_of(["ip", "netns", "exec", "eu", "nice"]) is None
+    assert netns_of(["sudo", "ip", "netns", "exec"]) is None
+
+
+def test_a_forked_child_starts_its_own_processes_as_a_fresh_interpreter_does(tmp_path: Path) -> None:
+    """The fork server's start method is not the child's default: hivemind's averager starts a default Process."""
+    script = tmp_path / "probe_start_method.py"
+    script.write_text("import json, multiprocessing\n"
+                      "print(json.dumps({'event': 'ready', 'method': multiprocessing.get_start_method()}))\n")
+    env = {"PYTHONPATH": str(tmp_path)}
+    with ChildGroup(preload=True, env=env) as forked, ChildGroup(env=env) as fresh:
+        child = forked.start("probe", [], module="probe_start_method")
+        plain = fresh.start("probe", [], module="probe_start_method")
+        assert isinstance(child.proc, ForkedProc)
+        assert child.wait_event("ready", 60)["method"] == plain.wait_event("ready", 60)["method"]

@@ -4,10 +4,13 @@ A child prints JSON lines on stdout; the first ``{"event": "ready", ...}`` line
 is its handshake. :class:`ChildGroup` starts children, waits for that line
 with a timeout (no sleeps, no log regexes) and reaps every child on exit.
 
-``ChildGroup(preload=True)`` forks each ``geotrain`` child from a server process that
-imported torch, hivemind and geotrain once (the stdlib's forkserver), instead of a fresh
-interpreter that imports them again: about 2.7 CPU-seconds less per child, the same
-command line, its own process group, pipes and environment. The multi-process tests use it.
+``ChildGroup(preload=True)`` forks each child (``python -m geotrain`` or another module) from
+a server process that imported torch, hivemind and geotrain once (the stdlib's forkserver),
+instead of a fresh interpreter that imports them again: about 2.7 CPU-seconds less per child,
+the same command line, its own process group, pipes and environment. The multi-process tests
+and the benchmarks that start many children use it.
+A child started behind ``ip netns exec NAME`` is forked too: it enters the namespace itself
+(``setns``) before it starts a thread or opens a socket.
 """
 
 from __future__ import annotations
@@ -126,8 +129,43 @@ class _Fd:
         return _Fd(dup.detach())
 
 
-def _forked_main(args: list[str], env: dict[str, str], stdin: _Fd, stdout: _Fd, stderr: _Fd) -> None:
-    """The forked child: what ``python -m geotrain ARGS`` does, on the server's imports."""
+def netns_of(prefix: Sequence[str]) -> str | None:
+    """The namespace a ``prefix`` of exactly ``ip netns exec NAME`` runs its command in; else None."""
+    parts = list(prefix)
+    if len(parts) == 4 and os.path.basename(parts[0]) == "ip" and parts[1:3] == ["netns", "exec"]:
+        return parts[3]
+    return None
+
+
+def enter_netns(name: str) -> None:
+    """Move this (single-threaded) process into network namespace ``name``, as ``ip netns exec`` does.
+
+    Threads and processes it starts afterwards inherit the namespace; sockets already open stay where
+    they were made. Needs CAP_SYS_ADMIN, like ``ip netns exec``.
+    """
+    clone_newnet = 0x40000000
+    fd = os.open(os.path.join("/run/netns", name), os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        setns = getattr(os, "setns", None)  # Python 3.12+
+        if setns is not None:
+            setns(fd, clone_newnet)
+            return
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.setns(fd, clone_newnet) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns into network namespace {name!r}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
+def _forked_main(
+    module: str, args: list[str], env: dict[str, str], stdin: _Fd, stdout: _Fd, stderr: _Fd, netns: str | None = None
+) -> None:
+    """The forked child: what ``[ip netns exec NETNS] python -m MODULE ARGS`` does, on the server's imports."""
+    if netns is not None:
+        enter_netns(netns)
     os.setsid()  # its own process group, like ``start_new_session`` (ChildGroup kills the group)
     for target, source in ((0, stdin.fd), (1, stdout.fd), (2, stderr.fd)):
         os.dup2(source, target)
@@ -137,12 +175,25 @@ def _forked_main(args: list[str], env: dict[str, str], stdin: _Fd, stdout: _Fd, 
     sys.stderr = open(2, "w", encoding="utf-8", buffering=1, closefd=False)  # noqa: SIM115
     os.environ.clear()
     os.environ.update(env)
+    # the server's sys.path was read at its start: a PYTHONPATH given to this child is honoured here
+    sys.path[:0] = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
     os.environ["GEOTRAIN_PARENT_PID"] = str(os.getppid())  # the server: it exits when the group's process does
-    sys.argv = ["geotrain", *args]
     _own_hivemind_locks()
-    from geotrain.cli import main
+    # the fork server made its own start method this process's default; a fresh interpreter has the
+    # platform's, and code that starts a process by default (hivemind's averager) relies on it
+    import multiprocessing
 
-    sys.exit(main(args))
+    multiprocessing.set_start_method(None, force=True)
+    if module == "geotrain":
+        sys.argv = ["geotrain", *args]
+        from geotrain.cli import main
+
+        sys.exit(main(args))
+    import runpy
+
+    sys.argv = [module, *args]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    sys.exit(0)
 
 
 def _own_hivemind_locks() -> None:
@@ -196,8 +247,9 @@ class ChildGroup:
 
     Use as a context manager (or call :meth:`close`). Children run in their own
     process group, so killing one also kills the helper daemons it spawned.
-    ``preload``: fork ``geotrain`` children from a server that imported :data:`PRELOAD` once
-    (children behind a ``prefix`` such as ``ip netns exec`` still start a fresh interpreter).
+    ``preload``: fork children from a server that imported :data:`PRELOAD` once, whatever
+    ``module`` they run (one behind ``ip netns exec NAME`` too; any other ``prefix`` starts a
+    fresh interpreter).
     """
 
     def __init__(self, *, env: dict[str, str] | None = None, echo_stderr: bool = False, preload: bool = False) -> None:
@@ -215,8 +267,9 @@ class ChildGroup:
 
         ``stdin``: keep a pipe open for :meth:`Child.send`; ``stderr_path``: write stderr there.
         """
-        if self._preload and not prefix and module == "geotrain":
-            return self._fork(name, list(args), env=env, stdin=stdin, stderr_path=stderr_path)
+        netns = netns_of(prefix)
+        if self._preload and (not prefix or netns is not None):
+            return self._fork(name, module, list(args), env=env, stdin=stdin, stderr_path=stderr_path, netns=netns)
         cmd = [*prefix, sys.executable, "-m", module, *args]
         err: Any = None if self._echo_stderr else subprocess.DEVNULL
         if stderr_path is not None:
@@ -242,7 +295,8 @@ class ChildGroup:
         return child
 
     def _fork(
-        self, name: str, args: list[str], *, env: dict[str, str] | None, stdin: bool, stderr_path: str | None
+        self, name: str, module: str, args: list[str], *, env: dict[str, str] | None, stdin: bool, stderr_path: str | None,
+        netns: str | None = None,
     ) -> Child:
         import multiprocessing
 
@@ -259,7 +313,7 @@ class ChildGroup:
         try:
             process = ctx.Process(
                 target=_forked_main, name=f"geotrain-{name}",
-                args=(args, {**self._env, **(env or {})}, _Fd(in_r), _Fd(out_w), _Fd(err)),
+                args=(module, args, {**self._env, **(env or {})}, _Fd(in_r), _Fd(out_w), _Fd(err), netns),
             )
             process.start()
         except BaseException:
@@ -271,7 +325,7 @@ class ChildGroup:
             for fd in (out_w, in_r, err):
                 os.close(fd)
         proc = ForkedProc(
-            process, ["geotrain", *args],
+            process, [module, *args],
             stdin=open(in_w, "w", encoding="utf-8") if in_w >= 0 else None,  # noqa: SIM115 (closed with the child)
             stdout=open(out_r, encoding="utf-8"),  # noqa: SIM115
         )

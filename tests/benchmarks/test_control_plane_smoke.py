@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.netns, pytest.mark.timeout(6
 def test_control_plane_benchmark_prints_a_line_per_phase_and_a_summary() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "benchmarks.control_plane", "--peers", "4,8", "--regions", "2",
-         "--window", "5", "--settle", "5", "--joiner-tail", "1"],
+         "--window", "5", "--settle", "3", "--quiet-window", "2", "--joiner-tail", "1"],
         capture_output=True, text=True, timeout=560,
     )
     assert out.returncode == 0, f"exit {out.returncode}\nstdout:\n{out.stdout[-3000:]}\nstderr:\n{out.stderr[-6000:]}"
