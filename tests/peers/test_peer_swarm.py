@@ -18,18 +18,24 @@ from geotrain.local.swarm import start_local_swarm
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(180)]
 
 
-def status(maddrs: list[str]) -> dict[str, Any]:
+def status(maddrs: list[str], took: list[float] | None = None) -> dict[str, Any]:
+    """``geotrain status --json``, a fresh process; ``took`` gets how long the call took."""
+    t0 = time.monotonic()
     out = subprocess.run(
         [sys.executable, "-m", "geotrain", "status", "--initial-peers", *maddrs, "--json"],
         capture_output=True, text=True, timeout=60, check=True,
     )
+    if took is not None:
+        took.append(time.monotonic() - t0)
     return json.loads(out.stdout)
 
 
-def wait_for(predicate: Any, maddrs: list[str], timeout: float) -> tuple[dict[str, Any], float]:
+def wait_for(
+    predicate: Any, maddrs: list[str], timeout: float, took: list[float] | None = None
+) -> tuple[dict[str, Any], float]:
     t0 = time.monotonic()
     while True:
-        s = status(maddrs)
+        s = status(maddrs, took)
         if predicate(s):
             return s, time.monotonic() - t0
         if time.monotonic() - t0 > timeout:
@@ -60,8 +66,11 @@ def test_status_lists_peers_and_links_and_a_killed_peer_disappears(children: Chi
     victim = swarm.ready[2]["peer_id"]
     children.kill(swarm.peers[2], signal.SIGKILL)
     killed_at = time.monotonic()
-    wait_for(lambda st: victim not in {p["peer_id"] for p in st["peers"]}, swarm.maddrs, timeout=30)
+    took: list[float] = []
+    wait_for(lambda st: victim not in {p["peer_id"] for p in st["peers"]}, swarm.maddrs, timeout=90, took=took)
     gone_after = time.monotonic() - killed_at
-    # a record lives 3 heartbeats and an RPC timeout (3 s) after its last refresh; allow for two status round trips,
-    # each a fresh `geotrain status` process (19 s in all seen in CI on a loaded box)
-    assert gone_after < 3 * heartbeat + 3 + 25
+    # a record lives 3 heartbeats and an RPC timeout (3 s) after its last refresh. The first status call that
+    # reads the DHT after that no longer lists it: at most two calls after the expiry (the one under way, then
+    # the next), each a fresh `geotrain status` process whose time is measured, not assumed: beside the suite
+    # and two busy loops the calls after the kill took over 25 s in all, past the fixed allowance this had
+    assert gone_after < 3 * heartbeat + 3 + 2 * max(took) + 2.0, (gone_after, took)
