@@ -9,7 +9,7 @@ and the kernel's byte counters have been read), trains, and prints
 ``{"event": "done", ...}``.
 
 A *snapshot* is the global model's parameters at one moment, written by rank 0
-to ``out_dir`` (``torch.save`` of a name -> tensor dict, read back with
+(by every hivemind.Optimizer peer) to ``out_dir`` (``torch.save`` of a name -> tensor dict, read back with
 ``weights_only=True``) with a ``{"event": "snapshot", "t_s", "tokens", "path"}``
 line; the benchmark evaluates every snapshot after the run, so validation costs
 no contender any training time.
@@ -156,7 +156,7 @@ class Setup:
         """Write the global model (``params`` by name, default the local model) and announce it."""
         t_s = self.elapsed()
         named = params if params is not None else {n: p.detach() for n, p in self.model.named_parameters()}
-        path = self.out / f"snap-{self._snapshots:04d}.pt"
+        path = self.out / f"snap-r{self.rank}-{self._snapshots:04d}.pt"
         torch.save({n: t.clone() for n, t in named.items()}, path)
         self._snapshots += 1
         emit({"event": "snapshot", "t_s": round(t_s, 4), "tokens": int(tokens), "path": str(path)})

@@ -6,8 +6,10 @@ Every peer runs forward/backward on its own shard and hands gradients to
 DecentralizedAverager (fp16) and every peer takes the same AdamW step. One
 such global step is an *epoch* in hivemind's words. Peers stop after
 ``spec.epochs`` epochs, i.e. once the swarm has consumed the token budget.
-After each epoch the peers' parameters agree, so rank 0's model is the global
-model: it writes a snapshot whenever its epoch advances.
+After each epoch the peers' parameters agree, so any peer's model is the
+global model: every peer writes a snapshot whenever its epoch advances (a
+peer that lags loads the swarm's state and skips epochs, so no one peer sees
+them all) and the first to reach the budget's epoch announces the budget.
 
 Rank 0 starts the DHT on its address (port 0) and prints its multiaddrs;
 the others bootstrap from them::
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     s.start_clock()
     step, epoch, loss = 0, opt.local_epoch, float("nan")
     tokens_per_epoch = spec.target_batch_size * s.seq_len
-    timed_out, stopped = False, "cap"
+    timed_out, stopped, budgeted = False, "cap", False
     while opt.local_epoch < max(spec.max_epochs, spec.epochs):
         opt.zero_grad()
         loss = s.forward_backward(step)
@@ -73,9 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         step += 1
         if opt.local_epoch != epoch:
             epoch = opt.local_epoch
-            if args.rank == 0:
-                s.snapshot(epoch * tokens_per_epoch)
-            if epoch == spec.epochs:
+            s.snapshot(epoch * tokens_per_epoch)
+            if epoch >= spec.epochs and not budgeted:
+                budgeted = True
                 s.budget(epoch * tokens_per_epoch)
         if stop_requested():  # sent only past rank 0's budget; a straggler stops too
             stopped = "target"

@@ -3,12 +3,16 @@
 Sequence: rank 0 first (it owns the rendezvous: a TCPStore port or the DHT's
 multiaddrs, read from its ready line), then the other ranks; when every rank
 has printed ``joined`` the kernel counters are read and every rank gets ``go``
-on stdin. The counters are read again when rank 0 prints ``budget`` (the
-fixed-budget bytes). Past the budget, each new snapshot of rank 0 goes to
+on stdin. The counters are read again at the first ``budget`` line (the
+fixed-budget bytes). Past the budget, each snapshot of a new token count goes to
 ``reached`` (the benchmark evaluates it); when it says the target loss is
 reached, every rank gets ``stop`` on stdin. Each rank's ``done`` line carries its own training wall time and
-forward/backward time; rank 0's ``snapshot`` lines are the global model's
-checkpoints. Every child is ended when the run is over, whatever happened.
+forward/backward time; ``snapshot`` lines are the global model's checkpoints.
+DP and flat DiLoCo snapshot on rank 0 only; every hivemind.Optimizer peer
+snapshots the epochs it reaches, since a peer that lags loads the swarm's
+state and skips epochs (rank 0 alone once skipped the whole budget). Per
+token count the earliest snapshot is kept (when that global model first existed). Every child is ended when the
+run is over, whatever happened.
 """
 
 from __future__ import annotations
@@ -42,8 +46,30 @@ class WorkerRun:
     kernel_bytes: dict[str, Any] | None = None  # go -> end (the whole run, past the budget too)
     kernel_setup_bytes: dict[str, Any] | None = None
     kernel_budget_bytes: dict[str, Any] | None = None  # go -> rank 0's budget event
-    budget_s: float | None = None  # rank 0's wall time at the budget
+    budget_s: float | None = None  # wall time at the first budget line
     stopped: str | None = None  # "target" (the benchmark sent stop), else what the workers said (cap, timeout)
+
+
+class Snapshots:
+    """The global model's snapshots, one per token count: the earliest (when that model first existed)."""
+
+    def __init__(self) -> None:
+        self._by_tokens: dict[int, dict[str, Any]] = {}
+
+    def add(self, event: dict[str, Any], rank: int) -> bool:
+        """Keep ``event`` if it is the first or earliest of its token count; True for a new token count."""
+        tokens = int(event["tokens"])
+        have = self._by_tokens.get(tokens)
+        if have is None or float(event["t_s"]) < float(have["t_s"]):
+            self._by_tokens[tokens] = {**event, "rank": rank}
+        return have is None
+
+    def last(self) -> dict[str, Any] | None:
+        """The snapshot of the most tokens, or None."""
+        return self._by_tokens[max(self._by_tokens)] if self._by_tokens else None
+
+    def ordered(self) -> list[dict[str, Any]]:
+        return [self._by_tokens[t] for t in sorted(self._by_tokens)]
 
 
 def run_workers(
@@ -84,6 +110,8 @@ def run_workers(
         dones: dict[int, dict[str, Any]] = {}
         at_budget: dict[str, dict[str, int]] | None = None
         budget_seen, stop_sent = False, False
+        budget_s: float | None = None
+        snapshots = Snapshots()
         while len(dones) < len(ranks):
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"{kind}: {len(ranks) - len(dones)} ranks not done within {timeout_s:.0f}s")
@@ -103,29 +131,28 @@ def run_workers(
                         for q, other in enumerate(ranks):
                             if q not in dones:
                                 _send(other, "stop")
-                elif rank == 0 and kind_e == "budget" and not budget_seen:
-                    budget_seen, at_budget = True, network.counters()
-                    last = [x for x in r0.seen if x.get("event") == "snapshot"][-1:]
-                    if last and reached is not None and reached(last[0]):  # reached within the budget: done
+                elif kind_e == "budget" and not budget_seen:
+                    budget_seen, at_budget, budget_s = True, network.counters(), float(e["t_s"])
+                    last = snapshots.last()
+                    if last is not None and reached is not None and reached(last):  # reached within the budget
                         stop_sent = True
                         for q, other in enumerate(ranks):
                             if q not in dones:
                                 _send(other, "stop")
-                elif (rank == 0 and kind_e == "snapshot" and budget_seen and not stop_sent and reached is not None
-                      and reached(e)):
-                    stop_sent = True
-                    for q, other in enumerate(ranks):
-                        if q not in dones:
-                            _send(other, "stop")
+                elif kind_e == "snapshot":
+                    fresh = snapshots.add(e, rank)
+                    if fresh and budget_seen and not stop_sent and reached is not None and reached(e):
+                        stop_sent = True
+                        for q, other in enumerate(ranks):
+                            if q not in dones:
+                                _send(other, "stop")
         at_end = network.counters()
-        snapshots = [e for e in r0.seen if e.get("event") == "snapshot"]
     ordered = [dones[r] for r in range(len(ranks))]
     wall = max(float(d["train_s"]) for d in ordered)
-    budget_s = ordered[0].get("budget_s")
-    return WorkerRun(wall_s=wall, dones=ordered, snapshots=snapshots,
+    return WorkerRun(wall_s=wall, dones=ordered, snapshots=snapshots.ordered(),
                      kernel_bytes=diff(at_end, at_go), kernel_setup_bytes=diff(at_go, before_setup),
                      kernel_budget_bytes=diff(at_budget, at_go) if at_budget is not None else None,
-                     budget_s=None if budget_s is None else float(budget_s),
+                     budget_s=budget_s,
                      stopped="target" if stop_sent else str(ordered[0].get("stopped", "budget")))
 
 

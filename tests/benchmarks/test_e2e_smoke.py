@@ -117,3 +117,19 @@ def test_e2e_smoke_regime(capsys: pytest.CaptureFixture[str]) -> None:
     assert len(mapping["calibration"]["per_worker_step_s"]) == config["peers"]
     ddp = next(ln for ln in lines if ln.get("event") == "contender")
     assert "error" not in ddp and ddp["val_loss_final"] < config["init_val_loss"]
+
+
+def test_snapshots_keep_the_earliest_per_token_count() -> None:
+    """Every hivemind peer snapshots the epochs it reaches; a lagging rank 0 must not lose the budget's model."""
+    from benchmarks.contenders.workers import Snapshots
+
+    s = Snapshots()
+    assert s.last() is None
+    assert s.add({"t_s": 2.0, "tokens": 100, "path": "r1-a"}, 1)
+    assert not s.add({"t_s": 3.0, "tokens": 100, "path": "r2-a"}, 2)  # later copy of the same epoch
+    assert s.add({"t_s": 5.0, "tokens": 300, "path": "r0-c"}, 0)  # rank 0 caught up past epoch 2
+    assert s.add({"t_s": 4.0, "tokens": 200, "path": "r1-b"}, 1)
+    assert not s.add({"t_s": 1.5, "tokens": 100, "path": "r0-a"}, 0)  # an earlier copy replaces it
+    assert [(c["tokens"], c["path"], c["rank"]) for c in s.ordered()] == [(100, "r0-a", 0), (200, "r1-b", 1),
+                                                                          (300, "r0-c", 0)]
+    assert s.last()["tokens"] == 300
