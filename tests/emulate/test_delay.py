@@ -10,6 +10,7 @@ configured RTT and bandwidth (within 5%).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import socket
@@ -102,6 +103,25 @@ def _accept(srv: socket.socket, timeout_s: float = 20.0) -> socket.socket:
     return conn
 
 
+@contextlib.contextmanager
+def _realtime() -> Iterator[None]:
+    """Run the calling thread round-robin real-time (below the delay process's priority) while inside.
+
+    The RTT test measures the delay layer (itself round-robin real-time), not how
+    soon a loaded machine wakes the test's own client and echo threads.
+    """
+    before = os.sched_getscheduler(0), os.sched_getparam(0)
+    try:
+        os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(5))
+    except OSError:  # not permitted here: measure as we are
+        yield
+        return
+    try:
+        yield
+    finally:
+        os.sched_setscheduler(0, before[0], before[1])
+
+
 @pytest.mark.netns
 @pytest.mark.timeout(90)
 def test_tcp_round_trip_measures_the_configured_rtt(delayed: Emulation) -> None:
@@ -109,7 +129,7 @@ def test_tcp_round_trip_measures_the_configured_rtt(delayed: Emulation) -> None:
     srv, port = _listener(em, "b")
 
     def echo() -> None:
-        with _accept(srv) as c:
+        with _realtime(), _accept(srv) as c:
             c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             while data := c.recv(1):
                 c.sendall(data)
@@ -120,19 +140,22 @@ def test_tcp_round_trip_measures_the_configured_rtt(delayed: Emulation) -> None:
     cl.settimeout(20.0)
     cl.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     cl.connect((em.address("b"), port))
-    rtts = []
-    for _ in range(15):
-        start = time.perf_counter()
-        cl.sendall(b"x")
-        assert cl.recv(1) == b"x"
-        rtts.append(time.perf_counter() - start)
+    # the link's RTT is the best round trip: 15 at least, more (up to 200, ~8 s) while a loaded machine adds
+    # its own latency to every one of them (a CI run's best of 15 was 44 ms, each 2-8 ms late)
+    rtts: list[float] = []
+    with _realtime():
+        while len(rtts) < 15 or (min(rtts) * 1e3 > RTT_MS * 1.05 and len(rtts) < 200):
+            start = time.perf_counter()
+            cl.sendall(b"x")
+            assert cl.recv(1) == b"x"
+            rtts.append(time.perf_counter() - start)
     cl.shutdown(socket.SHUT_WR)  # half-close passes through: the echo side sees EOF and closes its end
     assert cl.recv(1) == b""
     cl.close()
     t.join(timeout=20)
     srv.close()
-    # the best of 15 round trips: the link's RTT plus the (small) cost of two namespaces and the delay process
-    assert min(rtts) * 1e3 == pytest.approx(RTT_MS, rel=0.05), sorted(rtts)
+    # the best round trip: the link's RTT plus the (small) cost of two namespaces and the delay process
+    assert min(rtts) * 1e3 == pytest.approx(RTT_MS, rel=0.05), (len(rtts), sorted(rtts)[:15])
 
 
 @pytest.mark.netns
