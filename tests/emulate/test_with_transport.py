@@ -88,12 +88,26 @@ def test_across_namespaces_kernel_shapes_bandwidth_and_the_hook_adds_delay() -> 
 
 def test_a_pipeline_hop_keeps_several_messages_in_flight_on_a_delayed_link() -> None:
     # the stage's sender thread must not pay the link's delay per message: 6 activations sent back to back
-    # arrive one delay after the first, as over a real link, not 6 delays later
+    # overlap in flight, as over a real link. Checked by order, not by wall time: a sender that waits for each
+    # send (which the emulated link accepts one delay after it was handed over) hands message i+1 to the
+    # transport only after message i was accepted; an overlapping one hands some over before.
     from geotrain.pipeline.hop import HopSender
 
     with ExitStack() as stack:
         a, b = pair(stack, None, shape_bandwidth=False)
         timed(a, b, 1)  # warm the connection
+        handed: list[float] = []
+        accepted: dict[int, float] = {}
+        send_async = a.send_async
+
+        def recording(peer: str, msg: Message, **kw: Any) -> Any:
+            i = len(handed)
+            handed.append(time.monotonic())
+            fut = send_async(peer, msg, **kw)
+            fut.add_done_callback(lambda _f: accepted.setdefault(i, time.monotonic()))
+            return fut
+
+        a.send_async = recording
         hop = HopSender(a, "peer-b", codec="none", timeout_s=20, queue_size=8)
         stack.callback(hop.close)
         t0 = time.monotonic()
@@ -103,8 +117,10 @@ def test_a_pipeline_hop_keeps_several_messages_in_flight_on_a_delayed_link() -> 
             b.recv("pp.act", (i,), timeout=20)
         took = time.monotonic() - t0
         hop.flush(0)
-        assert ONE_WAY <= took < 3 * ONE_WAY, took  # blocking sends took 6 x 50 ms
-        assert hop.take_counters().messages == 6
+        assert took >= ONE_WAY, took  # none arrived before the link's delay
+        assert hop.take_counters().messages == 6 and len(handed) == 6 and len(accepted) == 6
+        overlapped = [i for i in range(5) if handed[i + 1] < accepted[i]]
+        assert overlapped, (handed, accepted)  # a sender waiting on each send overlaps none
 
 
 def test_a_hop_sends_fp16_overflow_as_bf16_and_its_thread_survives_a_bad_message() -> None:
