@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             s.snapshot((step + 1) * spec.world * s.tokens_per_step, named)
         if step + 1 == spec.steps:
             s.budget((step + 1) * spec.world * s.tokens_per_step)
-        if stop_requested():  # sent only past rank 0's budget; a straggler stops too, not after its own budget
+        if stop_requested():  # sent only past the budget (the first rank to reach it); a straggler stops too, not after its own budget
             stopped = "target"
             break
         if s.elapsed() > spec.timeout_s:

@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             if epoch >= spec.epochs and not budgeted:
                 budgeted = True
                 s.budget(epoch * tokens_per_epoch)
-        if stop_requested():  # sent only past rank 0's budget; a straggler stops too
+        if stop_requested():  # sent only past the budget (the first rank to reach it); a straggler stops too
             stopped = "target"
             break
         if s.elapsed() > spec.timeout_s:

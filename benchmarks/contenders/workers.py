@@ -45,7 +45,7 @@ class WorkerRun:
     snapshots: list[dict[str, Any]] = field(default_factory=list)
     kernel_bytes: dict[str, Any] | None = None  # go -> end (the whole run, past the budget too)
     kernel_setup_bytes: dict[str, Any] | None = None
-    kernel_budget_bytes: dict[str, Any] | None = None  # go -> rank 0's budget event
+    kernel_budget_bytes: dict[str, Any] | None = None  # go -> the first budget line (from any rank)
     budget_s: float | None = None  # wall time at the first budget line
     stopped: str | None = None  # "target" (the benchmark sent stop), else what the workers said (cap, timeout)
 
