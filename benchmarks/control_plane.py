@@ -170,7 +170,12 @@ def _cpu_s(pids: list[int]) -> float:
 def _peer_cmd(i: int, maddrs: list[str], region: str, args: argparse.Namespace, state: Path) -> list[str]:
     return ["peer", "--initial-peers", *maddrs, "--region", region, "--threads", "1",
             "--dht-port", str(DHT_BASE + i), "--port", str(DATA_BASE + i),
-            "--state-dir", str(state / f"peer{i}"), *(["--heartbeat", str(args.heartbeat)] if args.heartbeat else [])]
+            "--state-dir", str(state / f"peer{i}"), *(["--heartbeat", str(args.heartbeat)] if args.heartbeat else []),
+            *_idle_flag(args)]
+
+
+def _idle_flag(args: argparse.Namespace) -> list[str]:
+    return [] if args.idle_connection is None else ["--idle-connection", str(args.idle_connection)]
 
 
 TRAIN_JOB = """
@@ -201,7 +206,7 @@ def run_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
     figures: dict[str, Any] = {"peers": n}
     with Namespace(ns_name, per_port=args.per_port) as ns, ChildGroup(preload=True) as group, tempfile.TemporaryDirectory() as tmp:
         state = Path(tmp)
-        boot = group.start("dht", ["dht", "--host", "127.0.0.1", "--port", str(DHT_BASE + 999)], prefix=ns.prefix)
+        boot = group.start("dht", ["dht", "--host", "127.0.0.1", "--port", str(DHT_BASE + 999), *_idle_flag(args)], prefix=ns.prefix)
         maddrs = boot.wait_event("ready", timeout=120)["maddrs"]
         peers: list[Child] = []
         for i in range(n):
@@ -325,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="settling ends after two S-second windows in a row without probe bytes")
     ap.add_argument("--joiner-tail", type=float, default=5.0, help="seconds counted after the joiner's link row")
     ap.add_argument("--heartbeat", type=float, default=0.0, help="peer heartbeat period (0: the peer's default)")
+    ap.add_argument("--idle-connection", type=float, default=None, metavar="S",
+                    help="every node closes DHT connections unused for S seconds (0: never; default: the peers' own)")
     ap.add_argument("--train", action="store_true", help="also measure while training a tiny job")
     ap.add_argument("--per-port", type=int, default=0, metavar="K", help="also count the DHT bytes of peers 0..K-1")
     ap.add_argument("--train-max", type=int, default=8, help="largest N trained (CPU: every peer computes)")

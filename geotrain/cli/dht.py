@@ -36,6 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--announce", default=None, metavar="HOST[,HOST...]",
                    help="addresses other machines dial (e.g. a cloud VM's public IP); needs a fixed --port. "
                         "Default: --host, or this machine's addresses when --host is 0.0.0.0")
+    p.add_argument("--idle-connection", type=float, default=300.0, metavar="S",
+                   help="close a connection unused for S seconds (0: never; default 300)")
     p.set_defaults(handler=_run)
 
 
@@ -53,7 +55,7 @@ def _run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     config = SwarmConfig(
         initial_peers=tuple(args.initial_peers), host=args.host, port=args.port, swarm=args.swarm,
-        announce=parse_host_list(args.announce),
+        announce=parse_host_list(args.announce), idle_connection_s=args.idle_connection,
     )
     identity = Identity.load_or_create(args.identity) if args.identity else None
     with Swarm(config, identity=identity) as swarm:

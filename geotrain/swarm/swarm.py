@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import CancelledError
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -91,6 +92,10 @@ class SwarmConfig:
     ``links_ttl_s``: lifetime of a peer's row of link figures, or ``max_ttl_s`` when that is shorter
     (:attr:`links_lifetime_s`; the row is republished at half of it). Links are measured hourly and read
     when a plan is made; a dead peer's row is ignored with its peer record.
+    ``idle_connection_s``: a libp2p connection this node's DHT has not used for this long is closed (0: never;
+    the initial peers' stay open). libp2p keeps every connection open otherwise, and each unused one
+    costs ~20-40 B/s of keep-alives; a swarm of a few dozen nodes ends up fully connected. The default of
+    5 minutes keeps the connections a peer uses every heartbeat, and closing one costs a dial later.
     """
 
     initial_peers: tuple[str, ...] = ()
@@ -113,6 +118,7 @@ class SwarmConfig:
     liveness_replicas: int = 5
     progress_replicas: int = 3
     links_ttl_s: float = 480.0
+    idle_connection_s: float = 300.0
 
     def __post_init__(self) -> None:
         if isinstance(self.initial_peers, (str, bytes)) or not all(
@@ -173,6 +179,8 @@ class SwarmConfig:
             )
         if not self.links_ttl_s > 0:
             raise ConfigError(f"swarm.links_ttl_s must be > 0; got {self.links_ttl_s}")
+        if not self.idle_connection_s >= 0:
+            raise ConfigError(f"swarm.idle_connection_s must be >= 0 (0: never close); got {self.idle_connection_s}")
         if self.max_value_bytes < 4096 or self.max_depth < 4:
             raise ConfigError("swarm.max_value_bytes must be >= 4096 and swarm.max_depth >= 4")
 
@@ -244,6 +252,7 @@ class Swarm:
         self._lock = threading.Lock()
         self._heartbeats: list[Heartbeat] = []
         self._p2pd_pid: int | None = None
+        self._idle_closer: Any = None  # the DHT process's idle-connection loop (its future)
 
     # -- lifecycle -------------------------------------------------------------------------------
     @property
@@ -336,6 +345,16 @@ class Swarm:
             # no private key behind in the temp directory
             self._tmpdir.cleanup()
             self._tmpdir = None
+        if cfg.idle_connection_s > 0:
+            from geotrain.swarm.dht_process import close_idle_connections
+
+            keep = tuple(m.rsplit("/p2p/", 1)[1] for m in cfg.initial_peers)
+            # runs in the DHT process until its node stops; the future resolves then
+            self._idle_closer = dht.run_coroutine(
+                partial(close_idle_connections, idle_s=cfg.idle_connection_s,
+                        period_s=min(30.0, cfg.idle_connection_s / 4), keep=keep),
+                return_future=True,
+            )
         logger.info("joined swarm %r as %s", cfg.swarm, self.peer_id)
         return self
 
@@ -351,6 +370,7 @@ class Swarm:
             if dht.is_alive():
                 dht.kill()
             dht.join(timeout=5.0)
+        self._idle_closer = None
         if self._p2pd_pid is not None:
             from geotrain.swarm.dht_process import terminate_p2pd
 
@@ -365,6 +385,12 @@ class Swarm:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+    def connections(self) -> dict[str, int]:
+        """This node's open libp2p connections (``connected``) and those closed for idleness so far (``closed``)."""
+        from geotrain.swarm.dht_process import idle_closer_stats
+
+        return dict(self._wait(self._require().run_coroutine(idle_closer_stats, return_future=True), "connections"))
 
     def visible_maddrs(self) -> list[str]:
         """Multiaddrs (with ``/p2p/<peer id>``) other peers can use as ``initial_peers``."""
@@ -534,7 +560,6 @@ class Swarm:
             # hivemind keeps the entry with the later expiration: each publication must expire later
             expiration = max(get_dht_time() + ttl_s, self._last_expiration.get(kind, 0.0) + 1e-3)
             self._last_expiration[kind] = expiration
-        from functools import partial
 
         from geotrain.swarm.dht_process import store_direct
 
