@@ -215,10 +215,12 @@ async def close_idle_connections(_dht: DHT, node: Any, *, idle_s: float, period_
         await asyncio.sleep(period_s)
         try:
             connected = [info.peer_id for info in await client.list_peers()]
-            for peer in idle_connections(connected, last_used, now=time.monotonic(), since=since, idle_s=idle_s,
-                                         keep=kept):
+            now = time.monotonic()
+            for peer in idle_connections(connected, last_used, now=now, since=since, idle_s=idle_s, keep=kept):
                 await client.disconnect(peer)
                 _IDLE_CLOSED[0] += 1
+            for peer in [p for p, t in last_used.items() if now - t > idle_s]:  # gone or closed: forget them
+                del last_used[peer]
         except Exception as e:  # the daemon is stopping, or one call failed: try again next period
             logger.debug("closing idle connections: %s", e)
 

@@ -93,7 +93,8 @@ class SwarmConfig:
     (:attr:`links_lifetime_s`; the row is republished at half of it). Links are measured hourly and read
     when a plan is made; a dead peer's row is ignored with its peer record.
     ``idle_connection_s``: a libp2p connection this node's DHT has not used for this long is closed (0: never;
-    the initial peers' stay open). libp2p keeps every connection open otherwise, and each unused one
+    the initial peers' stay open, and a node with ``use_auto_relay`` closes none: its relays are how it is
+    reached). libp2p keeps every connection open otherwise, and each unused one
     costs ~20-40 B/s of keep-alives; a swarm of a few dozen nodes ends up fully connected. The default of
     5 minutes keeps the connections a peer uses every heartbeat, and closing one costs a dial later.
     """
@@ -345,7 +346,8 @@ class Swarm:
             # no private key behind in the temp directory
             self._tmpdir.cleanup()
             self._tmpdir = None
-        if cfg.idle_connection_s > 0:
+        # a node behind NAT that finds relays keeps its relay connections open: they are its reachability
+        if cfg.idle_connection_s > 0 and not cfg.use_auto_relay:
             from geotrain.swarm.dht_process import close_idle_connections
 
             keep = tuple(m.rsplit("/p2p/", 1)[1] for m in cfg.initial_peers)
