@@ -36,8 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--announce", default=None, metavar="HOST[,HOST...]",
                    help="addresses other machines dial (e.g. a cloud VM's public IP); needs a fixed --port. "
                         "Default: --host, or this machine's addresses when --host is 0.0.0.0")
-    p.add_argument("--idle-connection", type=float, default=300.0, metavar="S",
-                   help="close a connection unused for S seconds (0: never; default 300)")
+    p.add_argument("--idle-connection", type=float, default=60.0, metavar="S",
+                   help="close a connection unused for S seconds (0: never; default 60)")
     p.set_defaults(handler=_run)
 
 

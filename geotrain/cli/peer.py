@@ -53,8 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "republishes its progress every job swarm.heartbeat_s (or S, when shorter)")
     p.add_argument("--probe-every", type=float, default=3600.0, metavar="S",
                    help="re-measure each probed link this often (bulk transfers of a few MiB; default hourly)")
-    p.add_argument("--idle-connection", type=float, default=300.0, metavar="S",
-                   help="close a DHT (libp2p) connection unused for S seconds (0: never; default 300)")
+    p.add_argument("--idle-connection", type=float, default=60.0, metavar="S",
+                   help="close a DHT (libp2p) connection unused for S seconds (0: never; default 60)")
     p.add_argument("--emulate", default=None, metavar="SCENARIO", help="emulate the scenario's inter-region delays")
     p.add_argument("--emulate-bandwidth", action="store_true", help="with --emulate: also shape bandwidth in the transport")
     p.add_argument("--emulate-scale", type=float, default=1.0, help="divide emulated bandwidths by this")

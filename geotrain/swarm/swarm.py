@@ -96,7 +96,9 @@ class SwarmConfig:
     the initial peers' stay open, and a node with ``use_auto_relay`` closes none: its relays are how it is
     reached). libp2p keeps every connection open otherwise, and each unused one
     costs ~20-40 B/s of keep-alives; a swarm of a few dozen nodes ends up fully connected. The default of
-    5 minutes keeps the connections a peer uses every heartbeat, and closing one costs a dial later.
+    60 s keeps the connections a peer uses every heartbeat (30 s); closing one costs a dial later (a few KB,
+    about what a minute of keep-alives costs). Measured at N = 32: 60 s halves the connections and saves
+    15% of the idle DHT bytes; 300 s keeps 25 of 35 and saves nothing measurable.
     """
 
     initial_peers: tuple[str, ...] = ()
@@ -119,7 +121,7 @@ class SwarmConfig:
     liveness_replicas: int = 5
     progress_replicas: int = 3
     links_ttl_s: float = 480.0
-    idle_connection_s: float = 300.0
+    idle_connection_s: float = 60.0
 
     def __post_init__(self) -> None:
         if isinstance(self.initial_peers, (str, bytes)) or not all(
