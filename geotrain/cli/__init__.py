@@ -21,6 +21,13 @@ from collections.abc import Sequence
 from geotrain import __version__
 from geotrain.errors import GeotrainError
 
+
+def given(**options: object) -> dict[str, object]:
+    """The options a user set (flags whose parser default is None and were left out are dropped), so a config's
+    own defaults hold and are written once, in the config."""
+    return {k: v for k, v in options.items() if v is not None}
+
+
 # Order is the order shown in --help.
 COMMANDS = ("demo", "run", "check", "export", "peer", "dht", "status", "plan", "simulate", "emulate", "keygen")
 

@@ -36,12 +36,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--announce", default=None, metavar="HOST[,HOST...]",
                    help="addresses other machines dial (e.g. a cloud VM's public IP); needs a fixed --port. "
                         "Default: --host, or this machine's addresses when --host is 0.0.0.0")
-    p.add_argument("--idle-connection", type=float, default=60.0, metavar="S",
-                   help="close a connection unused for S seconds (0: never; default 60)")
+    p.add_argument("--idle-connection", type=float, default=None, metavar="S",
+                   help="close a connection unused for S seconds (0: never; default 60, the swarm config's)")
     p.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
+    from geotrain.cli import given
     from geotrain.swarm import Swarm, SwarmConfig
     from geotrain.swarm.identity import Identity
     from geotrain.transport.addresses import parse_host_list
@@ -55,7 +56,7 @@ def _run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     config = SwarmConfig(
         initial_peers=tuple(args.initial_peers), host=args.host, port=args.port, swarm=args.swarm,
-        announce=parse_host_list(args.announce), idle_connection_s=args.idle_connection,
+        announce=parse_host_list(args.announce), **given(idle_connection_s=args.idle_connection),
     )
     identity = Identity.load_or_create(args.identity) if args.identity else None
     with Swarm(config, identity=identity) as swarm:

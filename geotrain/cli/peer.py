@@ -53,8 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "republishes its progress every job swarm.heartbeat_s (or S, when shorter)")
     p.add_argument("--probe-every", type=float, default=3600.0, metavar="S",
                    help="re-measure each probed link this often (bulk transfers of a few MiB; default hourly)")
-    p.add_argument("--idle-connection", type=float, default=60.0, metavar="S",
-                   help="close a DHT (libp2p) connection unused for S seconds (0: never; default 60)")
+    p.add_argument("--idle-connection", type=float, default=None, metavar="S",
+                   help="close a DHT (libp2p) connection unused for S seconds (0: never; default 60, the swarm config's)")
     p.add_argument("--emulate", default=None, metavar="SCENARIO", help="emulate the scenario's inter-region delays")
     p.add_argument("--emulate-bandwidth", action="store_true", help="with --emulate: also shape bandwidth in the transport")
     p.add_argument("--emulate-scale", type=float, default=1.0, help="divide emulated bandwidths by this")
@@ -97,6 +97,7 @@ def _emit(event: dict[str, Any]) -> None:
 def _run(args: argparse.Namespace) -> int:
     import torch
 
+    from geotrain.cli import given
     from geotrain.errors import ConfigError, GeotrainError
     from geotrain.peers.agent import AgentConfig, PeerAgent
     from geotrain.peers.ranks import resolve_devices
@@ -144,7 +145,7 @@ def _run(args: argparse.Namespace) -> int:
     config = SwarmConfig(
         initial_peers=tuple(args.initial_peers), host=args.host, swarm=args.swarm, heartbeat_s=args.heartbeat,
         port=args.dht_port, announce=announce, client_mode=args.nat or args.client_mode, use_relay=not args.no_relay,
-        use_auto_relay=args.nat, idle_connection_s=args.idle_connection,
+        use_auto_relay=args.nat, **given(idle_connection_s=args.idle_connection),
     )
     admission = load_admission(args.swarm_key)
     with Swarm(config, identity=identity, admission=admission) as swarm:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from geotrain.cli import build_parser, given
 from geotrain.errors import ConfigError
 from geotrain.swarm import Swarm, SwarmConfig
 from geotrain.swarm.dht_process import idle_connections
@@ -28,6 +29,17 @@ def test_a_peer_is_idle_past_the_limit_since_its_last_use_or_since_the_start() -
 def test_a_negative_idle_limit_is_refused() -> None:
     with pytest.raises(ConfigError, match="idle_connection_s"):
         SwarmConfig(idle_connection_s=-1.0)
+
+
+@pytest.mark.parametrize("command", [["peer", "--initial-peers", "/ip4/127.0.0.1/tcp/1", "--region", "eu"], ["dht"]])
+def test_the_flag_left_out_keeps_the_configs_default_and_given_overrides_it(command: list[str]) -> None:
+    parser = build_parser()
+    left_out = parser.parse_args(command)
+    assert SwarmConfig(**given(idle_connection_s=left_out.idle_connection)).idle_connection_s == (
+        SwarmConfig().idle_connection_s
+    )
+    never = parser.parse_args([*command, "--idle-connection", "0"])
+    assert SwarmConfig(**given(idle_connection_s=never.idle_connection)).idle_connection_s == 0.0
 
 
 def test_idle_connections_close_and_the_swarm_still_reads_and_writes() -> None:
