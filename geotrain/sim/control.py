@@ -24,6 +24,11 @@ liveness signal); the peer record is kept by ``liveness_replicas`` of the key's 
 progress record by ``progress_replicas``, the others by 5. The plan (O(N) bytes) is read only when the job
 record's version pointer moves, i.e. once per replan, which this steady-state figure leaves out.
 
+Every libp2p connection a node keeps open costs its keep-alives (``connection_s`` per end, fitted to the
+growth measured from 8 to 32 peers with every connection kept): a node keeps the ones it used within
+``idle_connection_s`` (:func:`connections_per_node`), about 17 idle at any N past 32 with the 60 s default,
+and a full mesh of a few dozen without closing.
+
 Each region's collector writes its region's progress digest (``digest_record`` plus ``digest_line`` per
 member, to ``progress_replicas``) every ``liveness_s``; its members' lines reach it over the data plane, not
 the DHT, and are not counted here. The coordinator reads the ``regions`` digests (quick) every
@@ -38,7 +43,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["Cadence", "DHTCosts", "control_plane_cost"]
+__all__ = ["Cadence", "DHTCosts", "connections_per_node", "control_plane_cost"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,7 @@ class Cadence:
     coordinator_watch_s: float = 10.0  # CoordinatorConfig.watch_every_s (the job's heartbeat_s when shorter)
     coordinator_peers_s: float = 30.0  # CoordinatorConfig.peers_every_s
     coordinator_full_s: float = 60.0  # CoordinatorConfig.full_read_every_s: every peer's own progress record
+    idle_connection_s: float = 60.0  # SwarmConfig.idle_connection_s: a connection unused this long closes (0: never)
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,7 @@ class DHTCosts:
     digest_record: float = 900.0  # a region digest's own fields, owner key and signature
     digest_line: float = 170.0  # one member's line of it (its peer id and progress, msgpack)
     find_answer: float = 1200.0  # one node's answer to a lookup: up to 20 nearest nodes' ids and addresses
+    connection_s: float = 7.5  # one open libp2p connection's keep-alives and upkeep, per end (fitted: 8 -> 32 peers)
 
     def store(self, v: float, replicas: int | None = None, peers: int | None = None) -> float:
         """A write to ``replicas`` of a key's nearest nodes; in a swarm of ``peers`` the writer is one of them
@@ -102,6 +109,27 @@ def local(replicas: int, peers: int) -> float:
     return min(1.0, replicas / max(1, peers))
 
 
+def connections_per_node(peers: int, contacts: list[tuple[float, float]], idle_s: float) -> float:
+    """The libp2p connections a node keeps open, from what it talks to.
+
+    ``contacts``: ``(nodes, period_s)`` of each periodic operation of a peer (a write to 5 replicas every 30 s
+    is ``(5, 30)``). The record kinds are shared keys, so every peer talks to the same replicas: within the
+    window a connection survives (``idle_s`` plus half the closing loop's period; forever when 0) the nodes
+    talked to are a set ``R`` of ``N x (1 - prod(1 - nodes x min(1, window / period) / N))`` nodes. A node in
+    ``R`` is connected to every peer, one outside it to ``R``: ``2R - R^2 / N`` connections on average, at
+    most ``N - 1``. Flat in N once ``N`` is well past ``R``; without closing, ``R`` is every node any
+    operation ever touched (a full mesh in a swarm of a few dozen, as measured)."""
+    n = max(1, peers)
+    if n == 1:
+        return 0.0
+    window = float("inf") if idle_s <= 0 else idle_s + min(30.0, idle_s / 4) / 2
+    missed = 1.0
+    for nodes, period in contacts:
+        missed *= 1.0 - min(1.0, min(nodes, n) / n * min(1.0, window / period))
+    r = n * (1.0 - missed)
+    return min(n - 1.0, 2.0 * r - r * r / n)
+
+
 def control_plane_cost(
     peers: int, *, regions: int = 1, round_s: float | None = None, training: bool = True,
     cadence: Cadence | None = None, costs: DHTCosts | None = None,
@@ -124,12 +152,17 @@ def control_plane_cost(
     jobs = d.read(1, d.job_record, peers=n) / c.watch_s
     relookups = d.relookup_per_s(n)
     peer = d.store(d.peer_record, d.liveness_replicas, n) / c.heartbeat_s + relookups + view + links + jobs
+    relookup_s = max(300.0, 10.0 * n)
+    contacts = [(d.liveness_replicas, c.heartbeat_s), (d.lookup + 1, c.watch_s),
+                (d.lookup + 1, max(view_period, c.view_in_plan_s) if training else view_period),
+                (d.replicas, c.links_ttl_s / 2), (2 * d.beam, relookup_s)]
     if not training:
         coordinator, reads = 0.0, 0.0
     else:
         per_round = 0.0 if not round_s else 1.0 / round_s
         peer += d.store(d.progress_record, d.progress_replicas, n) * (1.0 / c.liveness_s + per_round)
         peer += d.relookup_per_s(n)
+        contacts += [(d.progress_replicas, c.liveness_s), (d.beam, relookup_s)]
         # each region's collector writes its digest every liveness period (one writer per region)
         k = max(1, min(regions, n))
         digest = d.digest_record + d.digest_line * n / k
@@ -142,9 +175,12 @@ def control_plane_cost(
                        + d.read(n, d.progress_record, replicas=d.progress_replicas, peers=n) / full_s
                        + d.read(n, d.peer_record, replicas=d.liveness_replicas, peers=n) / peers_s
                        + d.store(d.plan_record_per_peer * n, peers=n) * per_round)
+    connections = connections_per_node(n, contacts, c.idle_connection_s)
+    peer += connections * d.connection_s
     return {
         "peers": n, "training": training, "round_s": round_s,
         "bytes_per_peer_s": peer + coordinator / n,
         "peer_bytes_s": peer, "coordinator_bytes_s": coordinator, "coordinator_reads_per_min": reads,
+        "connections_per_node": connections,
         "cadence": asdict(c),
     }

@@ -290,6 +290,7 @@ class Simulation:
             "idle_bytes_per_peer_s": control_plane_cost(n, regions=regions, training=False)["bytes_per_peer_s"],
             "coordinator_bytes_s": busy["coordinator_bytes_s"],
             "coordinator_reads_per_min": busy["coordinator_reads_per_min"],
+            "connections_per_node": busy["connections_per_node"],
         }
         return res
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from geotrain.cli import build_parser
 from geotrain.config import SwarmSection
 from geotrain.coordinator.coordinator import CoordinatorConfig
 from geotrain.peers.agent import AgentConfig
-from geotrain.sim.control import Cadence, DHTCosts, control_plane_cost
+from geotrain.sim.control import Cadence, DHTCosts, connections_per_node, control_plane_cost
 from geotrain.swarm.swarm import SwarmConfig
 
 
@@ -21,6 +23,7 @@ def test_the_models_cadence_is_the_one_peers_and_coordinators_run_with() -> None
     assert DHTCosts().progress_replicas == SwarmConfig().progress_replicas
     assert a.watch_idle_s == c.watch_s
     assert c.links_ttl_s == SwarmConfig().links_lifetime_s
+    assert c.idle_connection_s == SwarmConfig().idle_connection_s
     coordinator = CoordinatorConfig(job_id="j", report_dir=".")  # type: ignore[arg-type]
     assert c.coordinator_watch_s == coordinator.watch_every_s
     assert (c.coordinator_peers_s, c.coordinator_full_s) == (coordinator.peers_every_s, coordinator.full_read_every_s)
@@ -53,3 +56,22 @@ def test_a_node_that_is_one_of_a_keys_replicas_writes_and_reads_that_copy_locall
     assert d.read(8, 1000.0, peers=5) == 0.0 and d.read(8, 1000.0, peers=5, thorough=True) > 0.0
     idle = {n: control_plane_cost(n, regions=4, training=False)["bytes_per_peer_s"] for n in (8, 32, 1000)}
     assert idle[8] < idle[32] and abs(idle[1000] / idle[32] - 1.0) < 0.05, idle
+
+
+def test_connections_kept_open_are_the_nodes_used_within_the_idle_limit_flat_in_n() -> None:
+    """Measured idle (benchmarks.control_plane): 34.8 connections per node at N = 32 kept forever, 18.5 with the
+    60 s limit; at N = 8 every node talks to every other either way."""
+    never, closing = Cadence(idle_connection_s=0.0), Cadence()
+    conns = {(n, c.idle_connection_s): control_plane_cost(n, regions=4, training=False, cadence=c)
+             for n in (8, 32, 1000) for c in (never, closing)}
+    assert conns[(8, 0.0)]["connections_per_node"] == conns[(8, 60.0)]["connections_per_node"] == 7.0
+    assert conns[(32, 0.0)]["connections_per_node"] > 1.4 * conns[(32, 60.0)]["connections_per_node"]
+    assert 12 < conns[(32, 60.0)]["connections_per_node"] < 24
+    assert abs(conns[(1000, 60.0)]["connections_per_node"] / conns[(32, 60.0)]["connections_per_node"] - 1) < 0.1
+    assert conns[(1000, 0.0)]["bytes_per_peer_s"] > conns[(1000, 60.0)]["bytes_per_peer_s"]
+    # the set of nodes used: one key's 5 replicas every 30 s is a star around them (2R - R^2/N), never over N - 1
+    assert connections_per_node(100, [(5, 30.0)], idle_s=60.0) == pytest.approx(2 * 5 - 25 / 100)
+    assert connections_per_node(4, [(5, 30.0)], idle_s=60.0) == 3.0
+    assert connections_per_node(1, [(5, 30.0)], idle_s=60.0) == 0.0
+    # an operation every 10 minutes barely holds a connection open with a 60 s limit
+    assert connections_per_node(100, [(5, 600.0)], idle_s=60.0) < 1.5
