@@ -14,10 +14,11 @@ keeps its connections open), and times it from the first byte sent to the last
 byte received. Trials of every K are interleaved, ``--repeats`` times, so
 drift on a shared machine hits every K alike; each K's median is compared with
 one stream's (a ratio). ``--data-plane`` also times one message of the same
-size through geotrain's own data plane (a Transport per region, one connection
-per peer pair). Prints JSON lines: ``config``, one ``trial`` per transfer, one
+size through geotrain's own data plane (a Transport per region with
+``TransportConfig.streams`` = K, for each K up to 16: the message is split over
+K connections). Prints JSON lines: ``config``, one ``trial`` per transfer, one
 ``streams`` per K, with ``--data-plane`` one ``data_plane_trial`` per message
-and their ``data_plane`` median, and a ``summary``.
+and a ``data_plane`` median per K, and a ``summary``.
 
 Needs root, network namespaces and /dev/net/tun. CI smoke: ``--smoke``.
 """
@@ -124,9 +125,10 @@ def trial(em: Any, streams: int, nbytes: int, timeout_s: float, cc: str | None =
     return max(done_at) - start
 
 
-def data_plane_trial(em: Any, nbytes: int, timeout_s: float) -> float:
-    """Seconds for geotrain's data plane (one :class:`~geotrain.transport.Transport` per region, one
-    connection per peer pair) to deliver one message of ``nbytes`` tensor bytes from region a to region b."""
+def data_plane_trial(em: Any, nbytes: int, timeout_s: float, streams: int = 1) -> float:
+    """Seconds for geotrain's data plane (one :class:`~geotrain.transport.Transport` per region, ``streams``
+    connections per peer pair: ``TransportConfig.streams``) to deliver one message of ``nbytes`` tensor bytes
+    from region a to region b."""
     import torch
 
     from geotrain.transport import Message, Transport, TransportConfig
@@ -134,7 +136,8 @@ def data_plane_trial(em: Any, nbytes: int, timeout_s: float) -> float:
     ts = {}
     try:
         for region in ("a", "b"):
-            cfg = TransportConfig(host=em.address(region), send_timeout_s=timeout_s, recv_timeout_s=timeout_s)
+            cfg = TransportConfig(host=em.address(region), send_timeout_s=timeout_s, recv_timeout_s=timeout_s,
+                                  streams=streams)
             with em.inside(region):  # its I/O threads are born in the namespace
                 ts[region] = Transport(cfg, peer_id=f"bench-{region}", region=region).start()
         ts["a"].connect("bench-b", ts["b"].address, region="b")
@@ -193,15 +196,19 @@ def main(argv: list[str] | None = None) -> int:
                 s = trial(em, k, nbytes, timeout_s, args.cc)
                 results[k].append(s)
                 emit(event="trial", repeat=r, streams=k, seconds=round(s, 4), mbit_s=round(nbytes * 8 / s / 1e6, 2))
-        plane = [data_plane_trial(em, nbytes, timeout_s) for _ in range(args.repeats)] if args.data_plane else []
-        for r, sec in enumerate(plane):
-            emit(event="data_plane_trial", repeat=r, seconds=round(sec, 4),
-                 mbit_s=round(nbytes * 8 / sec / 1e6, 2))
+        plane: dict[int, list[float]] = {k: [] for k in counts if k <= 16} if args.data_plane else {}
+        for r in range(args.repeats if plane else 0):
+            for k in sorted(plane) if r % 2 == 0 else sorted(plane, reverse=True):
+                sec = data_plane_trial(em, nbytes, timeout_s, k)
+                plane[k].append(sec)
+                emit(event="data_plane_trial", repeat=r, streams=k, seconds=round(sec, 4),
+                     mbit_s=round(nbytes * 8 / sec / 1e6, 2))
     base = statistics.median(results[1])
-    if plane:
-        med = statistics.median(plane)
-        emit(event="data_plane", median_s=round(med, 4), mbit_s=round(nbytes * 8 / med / 1e6, 2),
-             link_share=round(ideal_s / med, 3), vs_one_stream=round(base / med, 3))
+    for k, secs in sorted(plane.items()):
+        med = statistics.median(secs)
+        emit(event="data_plane", streams=k, median_s=round(med, 4), mbit_s=round(nbytes * 8 / med / 1e6, 2),
+             link_share=round(ideal_s / med, 3), vs_one_stream=round(base / med, 3),
+             vs_data_plane_1=round(statistics.median(plane[1]) / med, 3))
     for k in counts:
         med = statistics.median(results[k])
         emit(event="streams", streams=k, median_s=round(med, 4), mbit_s=round(nbytes * 8 / med / 1e6, 2),

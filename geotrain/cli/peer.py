@@ -29,6 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--identity", default=None, help="key file (created if missing) so a restart keeps the peer id")
     p.add_argument("--host", default="127.0.0.1", help="address for the DHT and the data plane (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="data-plane port (default 0: any free port)")
+    p.add_argument("--streams", type=int, default=None, metavar="K",
+                   help="TCP connections to each peer in another region; messages of 1 MiB or more are split "
+                        "over them, so one connection's window does not cap a long fat link (default 4)")
     p.add_argument("--dht-port", type=int, default=0, help="DHT (libp2p) port (default 0: any free port)")
     p.add_argument("--announce", default=None, metavar="HOST[,HOST...]",
                    help="addresses other machines dial (data plane and DHT), e.g. a cloud VM's public IP; "
@@ -148,11 +151,11 @@ def _run(args: argparse.Namespace) -> int:
         use_auto_relay=args.nat, **given(idle_connection_s=args.idle_connection),
     )
     admission = load_admission(args.swarm_key)
+    curve = admission.curve_config() if admission is not None else None
+    transport_config = TransportConfig(host=args.host, port=args.port, curve=curve, announce=announce,
+                                       dial_out=args.nat, **given(streams=args.streams))
     with Swarm(config, identity=identity, admission=admission) as swarm:
-        curve = admission.curve_config() if admission is not None else None
-        transport = Transport(TransportConfig(host=args.host, port=args.port, curve=curve, announce=announce,
-                                              dial_out=args.nat),
-                              peer_id=swarm.peer_id, region=args.region, emulator=emulator).start()
+        transport = Transport(transport_config, peer_id=swarm.peer_id, region=args.region, emulator=emulator).start()
         try:
             agent = PeerAgent(
                 AgentConfig(region=args.region, usd_per_hour=args.price, device=args.device, job_id=args.job,

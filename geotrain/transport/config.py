@@ -9,6 +9,8 @@ from geotrain.errors import ConfigError
 KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
+#: most TCP connections per peer (``TransportConfig.streams``), and parts per striped message
+MAX_STREAMS = 16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,6 +80,10 @@ class TransportConfig:
     ``dial_out``: this peer accepts no inbound connections (behind NAT): it publishes
     :data:`~geotrain.transport.addresses.DIAL_BACK`, dials out to every peer it exchanges
     with and says hello every ``keepalive_s`` so they answer over that connection.
+    ``streams``: TCP connections to each peer in another region (both regions named and different); a
+    message of ``stripe_min_bytes`` or more is split over them (:mod:`geotrain.transport.stripes`), so one
+    window-limited connection does not cap a long fat link. Peers in the same region, dial-back and relayed
+    peers get one connection.
     """
 
     host: str = "127.0.0.1"
@@ -92,6 +98,8 @@ class TransportConfig:
     sndhwm: int = 64  # messages queued per destination before send() waits
     handler_threads: int = 2
     curve: CurveConfig | None = None
+    streams: int = 4
+    stripe_min_bytes: int = 1 * MiB
 
     def __post_init__(self) -> None:
         if not self.host:
@@ -107,3 +115,8 @@ class TransportConfig:
             raise ConfigError(f"transport.keepalive_s must be > 0; got {self.keepalive_s}")
         if self.sndhwm <= 0 or self.handler_threads <= 0:
             raise ConfigError("transport.sndhwm and transport.handler_threads must be > 0")
+        if not 1 <= self.streams <= MAX_STREAMS:
+            raise ConfigError(f"transport.streams must be in 1..{MAX_STREAMS} (connections per peer in another region); "
+                              f"got {self.streams}")
+        if self.stripe_min_bytes < 1:
+            raise ConfigError(f"transport.stripe_min_bytes must be >= 1; got {self.stripe_min_bytes}")

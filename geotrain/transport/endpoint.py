@@ -47,6 +47,11 @@ and the relay (a member) sees the frames in clear and is trusted to name the
 sender truthfully. On a transport that is not dial-out the relay part is
 ignored: it reaches the peer over its own connection, as for ``dialback://``.
 
+Several connections (``config.streams`` > 1): to a peer in another region the transport opens that many
+outboxes and sends a message of ``config.stripe_min_bytes`` or more as one part per connection, which the
+receiver reassembles before its usual checks (:mod:`geotrain.transport.stripes`); smaller messages, and
+every message to a dial-back or relayed peer, go whole over the first connection.
+
 Emulation: an ``emulator`` with ``before_send(dst_region, nbytes) -> seconds``
 holds each message that long before it reaches the socket (one-way delay and
 serialisation at an emulated rate, FIFO per destination). Emulation only.
@@ -89,6 +94,7 @@ from geotrain.transport.queues import (
     _Outgoing,
     _Remote,
 )
+from geotrain.transport.stripes import STRIPE, Reassembly, split_message
 from geotrain.transport.wire import Header, check_frame_count, split_tensors, unpack_header
 
 logger = logging.getLogger(__name__)
@@ -165,6 +171,10 @@ class Transport:
         self._auth: Any = None
         self._allowed: set[bytes] = set()  # CURVE clients the ZAP handler admits
         self._inbox: zmq.Socket[Any] | None = None  # owned by the I/O thread
+        # incomplete stripes are dropped after twice the receive timeout (their parts travel side by side, so
+        # the last one trails the first by far less; pending bytes are bounded meanwhile); owned by the I/O thread
+        self._stripes = Reassembly(config.limits, max(60.0, 2 * config.recv_timeout_s))
+        self._stripe_ids = itertools.count()
         self._thread = threading.Thread(target=self._loop, name=f"gt-transport-{peer_id[:8]}", daemon=True)
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -437,6 +447,8 @@ class Transport:
             recv_messages=self._stats.recv_messages,
             dropped=collections.Counter(self._stats.dropped),
             relayed_bytes=self._stats.relayed_bytes,
+            striped_sent=self._stats.striped_sent,
+            striped_recv=self._stats.striped_recv,
         )
 
     # -- internals: mailbox -----------------------------------------------------------------------
@@ -572,14 +584,22 @@ class Transport:
             return False
         by_socket[remote.socket] = peer
         poller.register(remote.socket, zmq.POLLIN)
+        if self.config.streams > 1 and remote.region and self.region and remote.region != self.region:
+            for _ in range(self.config.streams - 1):  # more connections to a peer in another region
+                sock = self._open_outbox(remote, remote.server_key)
+                remote.extra.append(sock)
+                by_socket[sock] = peer
+                poller.register(sock, zmq.POLLIN)
         if self._dial_out:
             self._hello(peer, remote)
         if self.config.curve is not None:
             # libzmq does not dial again after a refused CURVE handshake (we may not have been on the
-            # peer's allow-list yet): watch for it and redial with backoff
+            # peer's allow-list yet): watch for it (on every connection) and redial them all with backoff
             remote.monitor = remote.socket.get_monitor_socket(HANDSHAKE_EVENTS)
-            by_socket[remote.monitor] = peer
-            poller.register(remote.monitor, zmq.POLLIN)
+            remote.extra_monitors = [sock.get_monitor_socket(HANDSHAKE_EVENTS) for sock in remote.extra]
+            for monitor in (remote.monitor, *remote.extra_monitors):
+                by_socket[monitor] = peer
+                poller.register(monitor, zmq.POLLIN)
         return True
 
     def _hello(self, peer: str, remote: _Remote) -> None:
@@ -619,7 +639,7 @@ class Transport:
     def _is_monitor(self, sock: Any, by_socket: dict[Any, str]) -> bool:
         peer = by_socket.get(sock)
         remote = self._remotes.get(peer) if peer is not None else None
-        return remote is not None and sock is remote.monitor
+        return remote is not None and (sock is remote.monitor or any(sock is m for m in remote.extra_monitors))
 
     def _on_handshake_event(self, peer: str, monitor: zmq.Socket[Any], redials: dict[str, float]) -> None:
         from zmq.utils.monitor import recv_monitor_message
@@ -630,6 +650,8 @@ class Transport:
             remote.refused, remote.redial_s = False, 0.25
             return
         remote.refused = True
+        if peer in redials:
+            return  # another of its connections was refused too: one redial (of them all) is due already
         logger.info("handshake with %s refused (event %s); dialing again in %.2fs",
                     peer, event.get("event"), remote.redial_s)
         redials[peer] = time.monotonic() + remote.redial_s
@@ -640,6 +662,16 @@ class Transport:
         """Close ``remote``'s sockets; what ZMQ still holds for it is sent for up to ``linger_s``, then dropped."""
         if remote.monitor is not None and remote.socket is not None:
             remote.socket.disable_monitor()
+        for sock, monitor in itertools.zip_longest(remote.extra, remote.extra_monitors):
+            if monitor is not None:
+                sock.disable_monitor()
+                poller.unregister(monitor)
+                by_socket.pop(monitor, None)
+                monitor.close(linger=0)
+            poller.unregister(sock)
+            by_socket.pop(sock, None)
+            sock.close(linger=int(linger_s * 1000))
+        remote.extra, remote.extra_monitors = [], []
         for attr in ("monitor", "socket"):
             sock = getattr(remote, attr)
             if sock is not None:
@@ -686,6 +718,9 @@ class Transport:
                 now = time.monotonic()
                 if now >= next_hello:
                     next_hello = now + self.config.keepalive_s
+                    for sender, _ in self._stripes.expire(now):
+                        self._count_drop("StripeError", sender, "a striped message's parts did not all arrive "
+                                         "within twice the receive timeout")
                     for peer, remote in list(self._remotes.items()):
                         if self._dial_out:
                             self._hello(peer, remote)
@@ -835,19 +870,36 @@ class Transport:
             if out.ready_at > now:
                 heapq.heappush(timers, (out.ready_at, next(seq), peer))
                 break
+            socks = [remote.socket, *remote.extra]
+            if out.parts is None and len(socks) > 1 and out.nbytes >= self.config.stripe_min_bytes:
+                out.parts = split_message(out.frames, len(socks), next(self._stripe_ids), self._stripe_header)
+            blocked = remote.socket
             try:
-                remote.socket.send_multipart(out.frames, flags=zmq.NOBLOCK, copy=False)
+                if out.parts is None:
+                    remote.socket.send_multipart(out.frames, flags=zmq.NOBLOCK, copy=False)
+                else:  # part k on connection k, in order; a full queue resumes at the part it stopped at
+                    while out.sent_parts < len(out.parts):
+                        blocked = socks[out.sent_parts % len(socks)]
+                        blocked.send_multipart(out.parts[out.sent_parts], flags=zmq.NOBLOCK, copy=False)
+                        out.sent_parts += 1
             except zmq.Again:
-                poller.modify(remote.socket, zmq.POLLIN | zmq.POLLOUT)
+                for sock in socks:  # wake when the connection that is full has room again
+                    poller.modify(sock, zmq.POLLIN | zmq.POLLOUT if sock is blocked else zmq.POLLIN)
                 heapq.heappush(timers, (min(out.deadline, now + 0.05), next(seq), peer))
                 return
             remote.pending.popleft()
             with self._stats_cv:
                 self._stats.sent_bytes[peer] += out.nbytes
                 self._stats.sent_messages += 1
+                self._stats.striped_sent += out.parts is not None
                 self._stats_cv.notify_all()
             _done(out.future, out.nbytes)
-        poller.modify(remote.socket, zmq.POLLIN)
+        for sock in (remote.socket, *remote.extra):
+            poller.modify(sock, zmq.POLLIN)
+
+    def _stripe_header(self, meta: dict[str, Any]) -> bytes:
+        frames = msgcodec.encode(Message(STRIPE, meta=meta), sender=self.peer_id)
+        return frames[0]
 
     def _flush_via(self, peer: str, remote: _Remote, poller: zmq.Poller, timers: list[Any], seq: Any) -> None:
         """Hand what is due for ``peer`` to its relay, each message behind a header naming ``peer``."""
@@ -977,22 +1029,34 @@ class Transport:
         return isinstance(user, str) and user.encode() == remote.server_key
 
     def _accept(self, frames: list[zmq.Frame], route: bytes | None, via: str | None = None,
-                relayed_from: str | None = None) -> None:
+                relayed_from: str | None = None, first: zmq.Frame | None = None) -> None:
+        """Check and file (or serve) one inbound message. ``first``: the received frame whose properties
+        (CURVE User-Id, peer address) stand for the message's, when ``frames`` were reassembled from a stripe."""
         sender = "?"
+        first = frames[0] if first is None else first
         try:
             check_frame_count(len(frames), self._limits)
             header = unpack_header(frames[0].buffer, self._limits)
             sender = header.sender
             if relayed_from is not None:
-                if sender != relayed_from or header.kind in (HELLO, RELAY, RELAYED):
+                if sender != relayed_from or header.kind in (HELLO, RELAY, RELAYED, STRIPE):
                     self._count_drop("AuthenticationError", sender, f"relay {via} named {relayed_from!r} as the "
                                      "sender of another peer's message (or nested a relay)")
                     return
-            elif self.config.curve is not None and not self._sender_proven(sender, frames[0], via):
+            elif self.config.curve is not None and not self._sender_proven(sender, first, via):
                 self._count_drop("AuthenticationError", sender, "the header names a peer other than the one "
                                  "whose CURVE key sent it")
                 return
-            if route is not None and relayed_from is None and self._learn_route(sender, route, frames[0]):
+            if header.kind == STRIPE and relayed_from is None:
+                done = self._stripes.add(sender, header.meta, frames[1:], time.monotonic(),
+                                         route=route, via=via, first=first)
+                if done is not None:
+                    with self._stats_cv:
+                        self._stats.striped_recv += 1
+                    whole = [zmq.Frame(done.header), *(zmq.Frame(b, copy=False) for b in done.buffers)]
+                    self._accept(whole, done.route, done.via, first=done.first)
+                return
+            if route is not None and relayed_from is None and self._learn_route(sender, route, first):
                 self._new_routes.add(sender)
             if header.kind == HELLO:
                 return
@@ -1024,7 +1088,7 @@ class Transport:
         origin: str | None = None
         if route is not None and header.kind in self._origin_handlers:
             try:
-                address = frames[0].get("Peer-Address")
+                address = first.get("Peer-Address")
             except zmq.ZMQError:
                 address = None
             origin = address if isinstance(address, str) else None

@@ -26,6 +26,8 @@ class TransportStats:
     recv_messages: int = 0
     dropped: collections.Counter[str] = field(default_factory=collections.Counter)
     relayed_bytes: int = 0  # bytes this peer forwarded as a relay for two others
+    striped_sent: int = 0  # messages sent split over several connections (TransportConfig.streams)
+    striped_recv: int = 0  # messages received that way and reassembled
 
 
 @dataclass
@@ -35,6 +37,8 @@ class _Outgoing:
     future: concurrent.futures.Future[int]
     ready_at: float
     deadline: float
+    parts: list[list[Any]] | None = None  # a striped message's parts, one per connection (see stripes.py)
+    sent_parts: int = 0  # parts handed to ZMQ so far
 
 
 @dataclass
@@ -60,6 +64,8 @@ class _Remote:
     refused: bool = False  # the last handshake was refused (and not yet redialled successfully)
     pending: collections.deque[_Outgoing] = field(default_factory=collections.deque)
     held: bool = False  # relay traffic for a peer not connect()ed yet: kept until it is, then sent
+    extra: list[zmq.Socket[Any]] = field(default_factory=list)  # more connections (another region, streams > 1)
+    extra_monitors: list[zmq.Socket[Any]] = field(default_factory=list)  # CURVE only: theirs, as ``monitor``
 
 
 HANDSHAKE_FAILED = (
