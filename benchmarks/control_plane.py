@@ -55,6 +55,7 @@ from geotrain.local.procs import Child, ChildGroup
 DHT_BASE = 40000  # DHT ports: DHT_BASE + i (the bootstrap at DHT_BASE + 999)
 DATA_BASE = 41000  # data-plane ports: DATA_BASE + i (the coordinator at DATA_BASE + 999)
 REGIONS = ("us-east", "eu-west", "ap-south", "sa-east", "af-south", "me-central", "ca-central", "au-east")
+WAVE = 32  # peers started at once; the next wave starts once these are ready
 
 
 def _emit(rec: dict[str, Any]) -> None:
@@ -209,11 +210,13 @@ def run_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
         boot = group.start("dht", ["dht", "--host", "127.0.0.1", "--port", str(DHT_BASE + 999), *_idle_flag(args)], prefix=ns.prefix)
         maddrs = boot.wait_event("ready", timeout=120)["maddrs"]
         peers: list[Child] = []
-        for i in range(n):
-            region = REGIONS[i % args.regions]
-            peers.append(group.start(f"peer{i}", _peer_cmd(i, maddrs, region, args, state), prefix=ns.prefix))
-        for p in peers:
-            p.wait_event("ready", timeout=60 + 10 * n)
+        # in waves: 64 peers starting at once on 2 cores outlast a DHT node's start timeout
+        for first in range(0, n, WAVE):
+            wave = [group.start(f"peer{i}", _peer_cmd(i, maddrs, REGIONS[i % args.regions], args, state),
+                                prefix=ns.prefix) for i in range(first, min(n, first + WAVE))]
+            for p in wave:
+                p.wait_event("ready", timeout=60 + 10 * len(wave))
+            peers += wave
         figures["settle_s"] = _settle_quiet(ns, args.settle, max_s=args.settle + 10 * n, window_s=args.quiet_window)
         c0, t0 = ns.counters(), time.monotonic()
         _settle(args.window)
