@@ -12,9 +12,10 @@ it is sent), with IP and TCP headers.
 
 Phases, per N:
 
-- ``join``: all N peers start and settle (their first link probes, the
-  first records) for ``--settle`` seconds and until the data plane is
-  quiet; not reported per second.
+- ``join``: the N peers start, in waves of 16 (each wave joining through
+  the bootstrap and two peers of the earlier waves), and settle (their
+  first link probes, the first records) for ``--settle`` seconds and until
+  the data plane is quiet; not reported per second.
 - ``idle``: ``--window`` seconds of a joined swarm with no job.
 - ``joiner``: one more peer joins; the bytes until it has published its
   link row are the probe cost a new peer causes (its probes and the ones
@@ -55,7 +56,7 @@ from geotrain.local.procs import Child, ChildGroup
 DHT_BASE = 40000  # DHT ports: DHT_BASE + i (the bootstrap at DHT_BASE + 999)
 DATA_BASE = 41000  # data-plane ports: DATA_BASE + i (the coordinator at DATA_BASE + 999)
 REGIONS = ("us-east", "eu-west", "ap-south", "sa-east", "af-south", "me-central", "ca-central", "au-east")
-WAVE = 32  # peers started at once; the next wave starts once these are ready
+WAVE = 16  # peers started at once; the next wave starts once these are ready
 
 
 def _emit(rec: dict[str, Any]) -> None:
@@ -210,12 +211,15 @@ def run_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
         boot = group.start("dht", ["dht", "--host", "127.0.0.1", "--port", str(DHT_BASE + 999), *_idle_flag(args)], prefix=ns.prefix)
         maddrs = boot.wait_event("ready", timeout=120)["maddrs"]
         peers: list[Child] = []
-        # in waves: 64 peers starting at once on 2 cores outlast a DHT node's start timeout
+        ready: list[list[str]] = []  # each started peer's DHT addresses
+        # in waves, each joining through the bootstrap and two peers of the waves before (as a user lists
+        # several initial peers): 64 peers joining one bootstrap at once on 2 cores outlast its ping timeout
         for first in range(0, n, WAVE):
-            wave = [group.start(f"peer{i}", _peer_cmd(i, maddrs, REGIONS[i % args.regions], args, state),
-                                prefix=ns.prefix) for i in range(first, min(n, first + WAVE))]
-            for p in wave:
-                p.wait_event("ready", timeout=60 + 10 * len(wave))
+            initial = [*maddrs, *(m for r in ready[:: max(1, len(ready) // 2)][:2] for m in r)]
+            wave = [group.start(f"peer{i}", _peer_cmd(i, initial, REGIONS[i % args.regions], args, state),
+                                prefix=ns.prefix, stderr_path=str(state / f"peer{i}.err"))
+                    for i in range(first, min(n, first + WAVE))]
+            ready += [p.wait_event("ready", timeout=60 + 10 * len(wave))["maddrs"] for p in wave]
             peers += wave
         figures["settle_s"] = _settle_quiet(ns, args.settle, max_s=args.settle + 10 * n, window_s=args.quiet_window)
         c0, t0 = ns.counters(), time.monotonic()
