@@ -871,7 +871,8 @@ class Transport:
                 heapq.heappush(timers, (out.ready_at, next(seq), peer))
                 break
             socks = [remote.socket, *remote.extra]
-            if out.parts is None and len(socks) > 1 and out.nbytes >= self.config.stripe_min_bytes:
+            payload = out.nbytes - memoryview(out.frames[0]).nbytes  # the buffers, not the header
+            if out.parts is None and len(socks) > 1 and payload >= self.config.stripe_min_bytes:
                 out.parts = split_message(out.frames, len(socks), next(self._stripe_ids), self._stripe_header)
             blocked = remote.socket
             try:

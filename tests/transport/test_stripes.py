@@ -240,3 +240,20 @@ def test_connections_refused_until_the_sender_is_admitted_are_all_dialled_again(
     finally:
         a.close()
         b.close()
+
+
+def test_only_the_payload_counts_towards_striping() -> None:
+    """With a 1-byte threshold a message with no tensors (its header alone past the threshold) goes whole, and a
+    one-byte tensor is split into mostly empty parts that still reassemble."""
+    b = Transport(TransportConfig(stripe_min_bytes=1), peer_id="b", region="us").start()
+    a = Transport(TransportConfig(stripe_min_bytes=1), peer_id="a", region="eu").start()
+    try:
+        a.connect("b", b.address, region="us")
+        a.send("b", Message("note", (1,), meta={"text": "hello"}))
+        assert b.recv("note", (1,), timeout=20).meta["text"] == "hello"
+        a.send("b", Message("note", (2,), tensors={"x": torch.tensor([7], dtype=torch.uint8)}))
+        assert b.recv("note", (2,), timeout=20).tensors["x"].tolist() == [7]
+        assert (a.stats.striped_sent, b.stats.striped_recv, sum(b.stats.dropped.values())) == (1, 1, 0)
+    finally:
+        a.close()
+        b.close()
