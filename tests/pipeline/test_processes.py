@@ -88,8 +88,13 @@ def test_killed_middle_stage_makes_neighbours_raise_in_time(children: ChildGroup
     killed_at = time.monotonic()
     for p in (procs[0], procs[2]):
         failed = p.wait_event("failed", timeout=timeout + 20)
-        assert failed["peer"] == "w1" and isinstance(failed["step"], int)
-        assert "w1" in failed["error"]
+        assert isinstance(failed["step"], int)
+        if p is procs[2] and failed["peer"] == "w0":
+            # the last stage names the peer it waited on: if w1 died between steps, that is the first stage's
+            # targets or tied gradient, which w0 (itself stuck on w1) never sends
+            assert "no targets from peer w0" in failed["error"] or "no tied gradient" in failed["error"], failed
+        else:
+            assert failed["peer"] == "w1" and "w1" in failed["error"], failed
         assert p.proc.wait(timeout=10) == 3
     # both noticed within the hop deadline (plus process/scheduling slack on a loaded box)
     assert time.monotonic() - killed_at < timeout + 15
