@@ -885,7 +885,7 @@ class Transport:
                         out.sent_parts += 1
             except zmq.Again:
                 for sock in socks:  # wake when the connection that is full has room again
-                    poller.modify(sock, zmq.POLLIN | zmq.POLLOUT if sock is blocked else zmq.POLLIN)
+                    poller.modify(sock, (zmq.POLLIN | zmq.POLLOUT) if sock is blocked else zmq.POLLIN)
                 heapq.heappush(timers, (min(out.deadline, now + 0.05), next(seq), peer))
                 return
             remote.pending.popleft()
