@@ -257,3 +257,23 @@ def test_only_the_payload_counts_towards_striping() -> None:
     finally:
         a.close()
         b.close()
+
+
+def test_parts_resume_where_a_full_connection_stopped_them() -> None:
+    """With one message queued per connection, sending many striped messages at once fills the queues: each
+    message resumes at the part that did not fit, and every one arrives whole, while the sender's I/O thread
+    keeps serving (no message is lost or reordered within itself)."""
+    b = Transport(TransportConfig(stripe_min_bytes=1024, recv_timeout_s=30), peer_id="b", region="us").start()
+    a = Transport(TransportConfig(stripe_min_bytes=1024, sndhwm=1, send_timeout_s=30), peer_id="a",
+                  region="eu").start()
+    try:
+        a.connect("b", b.address, region="us")
+        sent = [torch.full((50_000,), float(i)) for i in range(30)]
+        futures = [a.send_async("b", Message("bulk", (i,), tensors={"x": x})) for i, x in enumerate(sent)]
+        for i, x in enumerate(sent):
+            assert torch.equal(b.recv("bulk", (i,), timeout=30).tensors["x"], x)
+        assert all(f.result(timeout=10) > 0 for f in futures)
+        assert b.stats.striped_recv == 30 and sum(b.stats.dropped.values()) == 0
+    finally:
+        a.close()
+        b.close()
