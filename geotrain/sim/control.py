@@ -89,9 +89,14 @@ class DHTCosts:
         r = self.replicas if replicas is None else replicas
         return (r - (local(r, peers) if peers else 0.0)) * (self.rpc + v)
 
+    @staticmethod
+    def relookup_period_s(peers: int) -> float:
+        """How often a written key's replicas are looked up again (seconds)."""
+        return max(300.0, 10.0 * peers)
+
     def relookup_per_s(self, peers: int) -> float:
         """A written key's replica lookup, amortised over its refresh period (bytes per second)."""
-        return self.beam * (self.rpc + self.find_answer) / max(300.0, 10.0 * peers)
+        return self.beam * (self.rpc + self.find_answer) / self.relookup_period_s(peers)
 
     def read(self, records: float, size: float, *, thorough: bool = False, replicas: int | None = None,
              peers: int | None = None) -> float:
@@ -152,7 +157,7 @@ def control_plane_cost(
     jobs = d.read(1, d.job_record, peers=n) / c.watch_s
     relookups = d.relookup_per_s(n)
     peer = d.store(d.peer_record, d.liveness_replicas, n) / c.heartbeat_s + relookups + view + links + jobs
-    relookup_s = max(300.0, 10.0 * n)
+    relookup_s = d.relookup_period_s(n)
     contacts = [(d.liveness_replicas, c.heartbeat_s), (d.lookup + 1, c.watch_s),
                 (d.lookup + 1, max(view_period, c.view_in_plan_s) if training else view_period),
                 (d.replicas, c.links_ttl_s / 2), (2 * d.beam, relookup_s)]
