@@ -72,6 +72,11 @@ TARGETS = {"speedup_vs_ddp": 10.0, "speedup_vs_diloco": 1.5, "cross_region_bytes
            "compute_utilisation": 0.95}
 
 
+GPT_PRESETS = ("tiny", "small")
+HF_PRESETS = {"tiny-llama": Path(__file__).resolve().parent.parent / "examples" / "models" / "tiny-llama"}
+HF_SEQ_LEN, BYTE_VOCAB = 32, 256  # the job's data is the byte-level standard-library corpus
+
+
 def _say(line: dict[str, Any]) -> None:
     from benchmarks.contenders.results import rounded
 
@@ -84,7 +89,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--scenario", default=None, help="scenario JSON (regions, links, peers' prices); default: the demo's")
     p.add_argument("--budget-tokens", type=int, default=None, help="tokens every contender trains on")
     p.add_argument("--peers", type=int, default=None, help="peers per contender (default 6; smoke 3)")
-    p.add_argument("--preset", default=None, choices=("tiny", "small"), help="model preset (default tiny)")
+    p.add_argument("--preset", default=None, choices=(*GPT_PRESETS, *HF_PRESETS),
+                   help="model (default tiny): the reference GPT's tiny or small preset, or tiny-llama "
+                        "(examples/models/tiny-llama, a transformers Llama)")
+    p.add_argument("--hf-config", default=None, metavar="PATH",
+                   help="train this Hugging Face causal LM (a config.json or its directory) instead of a preset")
     p.add_argument("--smoke", action="store_true", help="tiny sizes for CI (< 3 minutes)")
     p.add_argument("--contenders", default=",".join(ALL), help=f"comma-separated subset of {','.join(ALL)}")
     p.add_argument("--netns", default="auto", choices=("auto", "on", "off"),
@@ -119,6 +128,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     smoke = args.smoke
     args.peers = args.peers or (3 if smoke else 6)
     args.preset = args.preset or "tiny"
+    if args.hf_config is not None:
+        path = Path(args.hf_config)
+        if not (path / "config.json" if path.is_dir() else path).is_file():
+            p.error(f"--hf-config {args.hf_config}: no config.json there")
+        args.preset = str(path.resolve())
+    elif args.preset in HF_PRESETS:
+        args.preset = str(HF_PRESETS[args.preset])
     args.every = args.every or (5 if smoke else 10)
     args.overlap = args.every // 2 if args.overlap is None else args.overlap
     args.timeout = args.timeout or (100.0 if smoke else 420.0)
@@ -150,6 +166,20 @@ def load_scenario(path: str | None) -> tuple[dict[str, Any], dict[str, float], d
     return scenario, prices, egress
 
 
+def model_section(preset: str) -> dict[str, Any]:
+    """The job's ``[model]``: a GPT preset by name, or a Hugging Face config (a path) on the byte tokenizer's
+    256 tokens, at the tiny GPT's 32 tokens per sample so that tokens per step match across models."""
+    if preset in GPT_PRESETS:
+        return {"preset": preset}
+    return {"hf_config": preset, "seq_len": HF_SEQ_LEN, "vocab_size": BYTE_VOCAB}
+
+
+def model_context(model: dict[str, Any]) -> int:
+    from geotrain.models import GPTConfig
+
+    return int(model["seq_len"]) if "seq_len" in model else int(GPTConfig.preset(model["preset"]).seq_len)
+
+
 def job_dict(args: argparse.Namespace, work: Path, regions: int) -> dict[str, Any]:
     """The job every contender trains (contenders 1-3 read model, data, optimizer and batch size from it).
 
@@ -159,13 +189,12 @@ def job_dict(args: argparse.Namespace, work: Path, regions: int) -> dict[str, An
     """
     stages = args.stages or (2 if args.peers % 2 == 0 and args.peers >= 2 * regions else 1)
     pipelines = args.peers // stages
-    from geotrain.models import GPTConfig
-
-    batch, seq_len = 4 * 4, GPTConfig.preset(args.preset).seq_len
+    model = model_section(args.preset)
+    batch, seq_len = 4 * 4, model_context(model)
     steps = max(1, args.budget_tokens // (pipelines * batch * seq_len))
     return {
         "job": {"name": "e2e", "seed": 0},
-        "model": {"preset": args.preset},
+        "model": model,
         "data": {"source": "stdlib", "max_bytes": 2 << 20},
         "pipeline": {"stages": stages, "pipelines": pipelines, "micro_batch_size": 4, "microbatches": 4,
                      "schedule": "1f1b"},

@@ -181,11 +181,12 @@ def read_checkpoints(job: dict[str, Any], job_id: str, pipelines: int, t_go_wall
         from geotrain.peers import checkpoint
     except ImportError:
         return [], "geotrain.peers.checkpoint is missing: only the final global model is evaluated"
-    from geotrain.models import GPTConfig
+    from geotrain.config import job_from_dict
 
-    num_blocks = GPTConfig.preset(job["model"]["preset"]).num_blocks
+    model = job_from_dict(job).model
+    num_blocks = model.block_model(int(job["job"]["seed"])).num_blocks
     tokens_per_step = pipelines * job["pipeline"]["micro_batch_size"] * job["pipeline"]["microbatches"] * \
-        GPTConfig.preset(job["model"]["preset"]).seq_len
+        model.context
     out = []
     for d in sorted(root.glob("step-*")):
         if skip is not None and d.name in skip:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from benchmarks import e2e
 from benchmarks.contenders.results import ratio, time_to_target
@@ -65,3 +66,24 @@ def test_time_breakdown_means_over_peers() -> None:
     assert out["wall_s"] == 11.0 and out["compute_s"] == 5.0 and out["sync_wait_s"] == 2.0
     assert out["other_s"] == pytest.approx(3.0) and out["cpu_s"] is None
     assert e2e.time_breakdown({}) is None
+
+
+def test_the_tiny_llama_and_any_hf_config_are_models_of_the_benchmark(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``--preset tiny-llama`` and ``--hf-config PATH`` train a transformers model on the byte corpus, at the
+    tiny GPT's tokens per sample; a missing config is refused at parse time."""
+    from geotrain.config import job_from_dict
+    from geotrain.models import build_stage
+
+    for argv in (["--preset", "tiny-llama"], ["--hf-config", str(e2e.HF_PRESETS["tiny-llama"] / "config.json")]):
+        args = e2e.parse(argv)
+        job = e2e.job_dict(args, tmp_path, regions=3)
+        assert job["model"]["vocab_size"] == 256 and job["model"]["seq_len"] == 32
+        spec = job_from_dict(job)
+        block_model = spec.model.block_model(0)
+        assert type(block_model).__name__ == "HFModel"
+        stage = build_stage(block_model, (0, block_model.num_blocks), 0)
+        assert stage(torch.zeros(2, 32, dtype=torch.long)).shape == (2, 32, 256)
+        # each pipeline takes 16 samples of 32 tokens per step
+        assert job["stop"]["steps"] == args.budget_tokens // (job["pipeline"]["pipelines"] * 16 * 32)
+    with pytest.raises(SystemExit):
+        e2e.parse(["--hf-config", str(tmp_path / "nowhere")])
