@@ -8,7 +8,8 @@ types and cross-field rules, and each error names the field and the fix::
     [model]      preset or explicit GPT shape, hf_config / hf_pretrained (local Hugging Face model),
                  or loader = "module:function"; seq_len, dtype, activation_checkpointing
     [data]       source = "stdlib" | "text" | "jsonl" | "parquet" | "hf_disk", path, text_field, tokenizer
-    [pipeline]   stages, pipelines ("auto" or a number), micro_batch_size, microbatches, schedule
+    [pipeline]   stages, pipelines ("auto" or a number), micro_batch_size, microbatches, schedule,
+                 merge_microbatches
     [optimizer]  inner AdamW: lr, weight_decay, betas, grad_clip; warmup_steps, schedule, decay_steps
     [sync]       every (H), outer_lr, outer_momentum, nesterov, codec, fragments, overlap, mixing,
                  error_feedback, aggregation
@@ -170,11 +171,22 @@ class DataSection:
 
 @dataclass(frozen=True, kw_only=True)
 class PipelineSection:
+    """How each pipeline runs an inner step: ``microbatches`` of ``micro_batch_size`` sequences.
+
+    ``merge_microbatches``: where the plan gives a pipeline one stage (a peer holds the whole model), run
+    the step's microbatches as one forward/backward of ``micro_batch_size x microbatches`` sequences
+    instead of accumulating them one by one: the same gradient, fewer and larger kernels, but the
+    activation memory of the whole batch at once. Off by default, as ``micro_batch_size`` may have been
+    chosen to fit memory; with two or more stages microbatches are what keeps the stages busy, and it
+    changes nothing.
+    """
+
     stages: int | Literal["auto"] = "auto"
     pipelines: int | Literal["auto"] = "auto"
     micro_batch_size: int = 8
     microbatches: int = 4
     schedule: Literal["1f1b", "gpipe"] = "1f1b"
+    merge_microbatches: bool = False
 
     def __post_init__(self) -> None:
         for name in ("stages", "pipelines"):
@@ -183,6 +195,8 @@ class PipelineSection:
                 raise ConfigError(f"pipeline.{name} must be 'auto' or an integer >= 1; got {v!r}")
         if self.micro_batch_size < 1 or self.microbatches < 1:
             raise ConfigError("pipeline.micro_batch_size and pipeline.microbatches must be >= 1")
+        if not isinstance(self.merge_microbatches, bool):
+            raise ConfigError(f"pipeline.merge_microbatches must be true or false; got {self.merge_microbatches!r}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -148,7 +148,8 @@ class StageWorker:
                 pipeline=p,
                 stage=s,
                 num_stages=len(pipe),
-                microbatches=pcfg.microbatches,
+                # one stage: the microbatches only accumulate gradients, and may run as one pass
+                microbatches=1 if pcfg.merge_microbatches and len(pipe) == 1 else pcfg.microbatches,
                 schedule=pcfg.schedule,
                 act_codec=act_codec,
                 grad_codec=grad_codec,

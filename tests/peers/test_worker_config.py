@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+import torch
 
 from geotrain.config import DEFAULT_SYNC_EVERY, JobSpec, SyncSection, job_from_dict
 from geotrain.errors import ConfigError
@@ -74,3 +75,33 @@ def test_more_fragments_than_tensors_get_fewer_fragments_and_say_so(
         assert not [r for r in caplog.records if "sync.fragments" in r.getMessage()]
     finally:
         w.close()
+
+
+def test_merged_microbatches_take_one_pass_and_the_same_step(transport: Transport) -> None:  # noqa: F811
+    """``pipeline.merge_microbatches``: a one-stage pipeline runs the step's 4 microbatches as one pass, and its
+    optimizer step is the one the 4 accumulated microbatches give (up to the order of float sums)."""
+    def job(merge: bool) -> JobSpec:
+        return job_from_dict({
+            "job": {"name": "cfg", "seed": 0}, "model": {"preset": "tiny"}, "data": {"max_bytes": 1 << 18},
+            "pipeline": {"micro_batch_size": 2, "microbatches": 4, "merge_microbatches": merge},
+            "sync": {"codec": "none", "every": 100},
+        })
+
+    after = {}
+    for merge in (False, True):
+        w = _worker(job(merge), transport)
+        try:
+            assert w.runtime.config.microbatches == (1 if merge else 4)
+            forwards = [op for op, _ in w.runtime.ops if op == "F"]
+            assert len(forwards) == w.runtime.config.microbatches
+            m = w.step(0)
+            assert m.tokens == 8 * w.job.model.context  # the whole batch either way
+            after[merge] = (m.loss, {n: p.detach().clone() for n, p in w.stage.named_parameters()})
+        finally:
+            w.close()
+    assert after[True][0] == pytest.approx(after[False][0], rel=1e-6)
+    for n, p in after[False][1].items():
+        torch.testing.assert_close(after[True][1][n], p, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ConfigError, match="merge_microbatches"):
+        job_from_dict({"job": {"name": "t"}, "model": {"preset": "tiny"},
+                       "pipeline": {"merge_microbatches": "yes"}})
