@@ -113,10 +113,11 @@ def run_baseline(job: Any, *, device: str, steps: int) -> dict[str, Any]:
     """One plain loop: the whole model, the same batch size per step, AdamW."""
     from geotrain.data.job import dataset_for
     from geotrain.models import build_stage
+    from geotrain.pipeline.optim import inner_adamw
 
     model = job.model.block_model(job.job.seed)
     full = build_stage(model, (0, model.num_blocks), job.job.seed).to(device)
-    opt = torch.optim.AdamW(full.parameters(), lr=job.optimizer.lr, weight_decay=job.optimizer.weight_decay)
+    opt = inner_adamw(full.parameters(), lr=job.optimizer.lr, weight_decay=job.optimizer.weight_decay)
     ds = dataset_for(job)
     batch = job.pipeline.micro_batch_size * job.pipeline.microbatches
     tokens = 0

@@ -124,11 +124,12 @@ class Setup:
         self._snapshots = 0
 
     def optimizer(self, params: Any = None) -> torch.optim.Optimizer:
+        """The inner AdamW, fused where torch has the kernel, as geotrain's stages run it."""
+        from geotrain.pipeline.optim import inner_adamw
+
         o = self.job.optimizer
-        return torch.optim.AdamW(
-            self.model.parameters() if params is None else params,
-            lr=o.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
-        )
+        return inner_adamw(self.model.parameters() if params is None else params,
+                           lr=o.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2))
 
     def batch(self, step: int) -> torch.Tensor:
         """``(B, T + 1)`` tokens of inner step ``step`` from this peer's shard."""

@@ -53,6 +53,7 @@ from geotrain.peers.probe import answering
 from geotrain.peers.statestore import StateStore
 from geotrain.pipeline import StageConfig, StageRuntime
 from geotrain.pipeline.lr import LRSchedule
+from geotrain.pipeline.optim import is_fused
 from geotrain.plan import JobPlan, SyncGroup
 from geotrain.swarm.records import LinkMeasurement
 from geotrain.sync import DiLoCoConfig, DiLoCoSync, GroupRouter, Member, StaticMembership
@@ -465,9 +466,12 @@ class StageWorker:
                 sync.runner.import_residuals({})
             return False
         opt = self.runtime.optimizer
+        # a fused AdamW keeps its step counts beside the parameters, the default one on the CPU
+        step_device = None if is_fused(opt) else "cpu"
         for n, m in moments.items():
             p = named[n]
-            opt.state[p] = {k: v.to(p.device) if k != "step" else v.clone() for k, v in m.items()}
+            opt.state[p] = {k: v.to(p.device) if k != "step" else v.to(step_device or p.device, copy=True)
+                            for k, v in m.items()}
         return True
 
     def local_state(self) -> dict[str, torch.Tensor]:

@@ -44,6 +44,7 @@ from geotrain.errors import ConfigError, PeerTimeoutError, PlanSupersededError, 
 from geotrain.models.stage import StageModule
 from geotrain.pipeline.config import StageConfig
 from geotrain.pipeline.hop import HopSender
+from geotrain.pipeline.optim import inner_adamw
 from geotrain.pipeline.schedule import make_schedule
 from geotrain.transport import Message, Transport
 
@@ -170,7 +171,7 @@ class StageRuntime:
         # LocalRanks (geotrain.peers.ranks): this stage's copies on the peer's other local ranks, each computing
         # a share of every microbatch; their gradients are summed into this copy's before the optimizer step
         self.local = local
-        self.optimizer = optimizer or torch.optim.AdamW(
+        self.optimizer = optimizer or inner_adamw(
             stage.parameters(), lr=c.lr, betas=c.betas, weight_decay=c.weight_decay
         )
         self.ops = make_schedule(
