@@ -323,6 +323,7 @@ class StageRuntime:
         inputs: list[torch.Tensor] = []
         targets: list[torch.Tensor] = []
         tokens = 0
+        batch = None
         if c.is_first:
             assert self.data is not None
             batch = self.data(step)  # (B, T + 1)
@@ -338,9 +339,9 @@ class StageRuntime:
             if c.targets_from_first and not c.is_first:
                 assert self.end_peer is not None
                 y = self._recv("pp.tgt", self.end_peer, step, (), "targets")["y"].long()
-            else:
+            else:  # a stage that is first and last read the batch above
                 assert self.data is not None
-                y = self.data(step)[:, 1:]
+                y = (batch if batch is not None else self.data(step))[:, 1:]
             if y.shape[0] % m:
                 raise ConfigError(f"targets of shape {tuple(y.shape)}: size must be a multiple of microbatches ({m})")
             tokens = y.numel()
