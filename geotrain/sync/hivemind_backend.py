@@ -16,6 +16,7 @@ to a peer of another region counts as cross-region (``peer_regions``).
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -123,7 +124,15 @@ class HivemindDiLoCoSync:
             # DiLoCo's round is synchronous: a peer that reaches step H first keeps looking for its group
             # until the deadline (one failed matchmaking attempt of min_matchmaking_time would otherwise
             # abandon the round whenever the peers arrive further apart than that, and they then drift apart)
-            gathered = self._averager.step(timeout=deadline, allow_retries=True)
+            # hivemind's timeout bounds the search for a group, not the all-reduce that follows: a group with a
+            # member that stopped answering held every other one in step() for good (seen in a benchmark run),
+            # so the whole round is bounded here too, by twice the deadline
+            control = self._averager.step(timeout=deadline, allow_retries=True, wait=False)
+            try:
+                gathered = control.result(timeout=2 * deadline)
+            except concurrent.futures.TimeoutError:
+                control.cancel()
+                raise TimeoutError(f"no group averaged within {2 * deadline:.0f}s") from None
         except Exception as e:  # hivemind raises assorted errors on a failed group; the round is discarded
             gathered = None
             logger.warning("hivemind all-reduce failed: %s: %s", type(e).__name__, e)
