@@ -174,12 +174,6 @@ def model_section(preset: str) -> dict[str, Any]:
     return {"hf_config": preset, "seq_len": HF_SEQ_LEN, "vocab_size": BYTE_VOCAB}
 
 
-def model_context(model: dict[str, Any]) -> int:
-    from geotrain.models import GPTConfig
-
-    return int(model["seq_len"]) if "seq_len" in model else int(GPTConfig.preset(model["preset"]).seq_len)
-
-
 def job_dict(args: argparse.Namespace, work: Path, regions: int) -> dict[str, Any]:
     """The job every contender trains (contenders 1-3 read model, data, optimizer and batch size from it).
 
@@ -189,8 +183,10 @@ def job_dict(args: argparse.Namespace, work: Path, regions: int) -> dict[str, An
     """
     stages = args.stages or (2 if args.peers % 2 == 0 and args.peers >= 2 * regions else 1)
     pipelines = args.peers // stages
+    from geotrain.config import ModelSection
+
     model = model_section(args.preset)
-    batch, seq_len = 4 * 4, model_context(model)
+    batch, seq_len = 4 * 4, ModelSection(**model).context
     steps = max(1, args.budget_tokens // (pipelines * batch * seq_len))
     return {
         "job": {"name": "e2e", "seed": 0},
